@@ -1,0 +1,3 @@
+from kernelfleet.cli import main
+
+main()

@@ -1,0 +1,40 @@
+"""The ``kernelfleet`` console script: one subcommand per process kind."""
+
+from __future__ import annotations
+
+from traitlets.config import Application
+
+from kernelfleet import __version__
+
+
+class KernelfleetApp(Application):
+    """Dispatches to the subcommands; alone it prints help."""
+
+    name = "kernelfleet"
+    version = __version__
+    description = "Replicated Jupyter kernels that hold GPUs only while a cell runs."
+    subcommands = {
+        "up": (
+            "kernelfleet.gateway.up.UpApp",
+            "Start a gateway and N local host agents with virtual GPUs, in the foreground.",
+        ),
+        "gateway": (
+            "kernelfleet.gateway.app.GatewayApp",
+            "Start the gateway (the Jupyter gateway API and the fleet admin API).",
+        ),
+        "host": (
+            "kernelfleet.kernels.agent.HostAgentApp",
+            "Start a host agent: GPU inventory and kernel launcher for one machine.",
+        ),
+    }
+
+    def start(self) -> None:
+        if self.subapp is not None:
+            self.subapp.start()
+            return
+        self.print_help()
+        self.exit(1)
+
+
+def main() -> None:
+    KernelfleetApp.launch_instance()

@@ -1,0 +1,62 @@
+"""Domain errors shared by every kernelfleet process.
+
+Each error carries a short machine-readable ``reason`` (kebab-case) and a human ``message``.
+Code below the HTTP layer raises these and never imports ``tornado.web``; ``kernelfleet.web``
+maps them to ``{"reason", "message"}`` JSON responses in one place.
+"""
+
+from __future__ import annotations
+
+
+class FleetError(Exception):
+    """Base class: something the caller asked for cannot be done, and why."""
+
+    reason = "fleet-error"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if reason is not None:
+            self.reason = reason
+
+
+class NotFound(FleetError):
+    """An id or name that the fleet does not know."""
+
+    reason = "not-found"
+
+
+class InvalidRequest(FleetError):
+    """Input that is malformed or impossible to honour (bad JSON, bad values)."""
+
+    reason = "invalid-request"
+
+
+class Conflict(FleetError):
+    """The request clashes with the current state (an id already in use, say)."""
+
+    reason = "conflict"
+
+
+class NoCapacity(FleetError):
+    """No host can take what is asked for, now or ever."""
+
+    reason = "no-capacity"
+
+
+class KernelStartFailed(FleetError):
+    """A kernel process exited or stayed silent while starting; the message holds its stderr tail."""
+
+    reason = "kernel-start-failed"
+
+
+class HostUnavailable(FleetError):
+    """A host agent did not answer, or answered with an error, when the gateway called it."""
+
+    reason = "host-unavailable"
+
+
+class KernelDead(FleetError):
+    """The kernel's process is gone; it can be restarted or shut down, not used."""
+
+    reason = "kernel-dead"
