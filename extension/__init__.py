@@ -1,0 +1,40 @@
+"""The kernelfleet Jupyter server extension.
+
+Stock ``jupyter lab --gateway-url=...`` works without it. Installed (``pip install kernelfleet``
+enables it through ``jupyter_server_config.d``), it mends two things in jupyter_server's gateway
+websocket relay: binary frames (messages with buffers) are passed on as binary instead of being
+decoded as text, and Nagle's algorithm is switched off on both legs of the relay.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jupyter_server.gateway.gateway_client import GatewayClient
+
+from kernelfleet.extension.websocket import FleetGatewayWebSocketConnection
+
+__all__ = ["FleetGatewayWebSocketConnection"]
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": "kernelfleet.extension"}]
+
+
+def _link_jupyter_server_extension(serverapp: Any) -> None:
+    """Swap in the mended websocket relay, before the web app is built, in gateway mode only.
+
+    Runs before ``ServerApp.gateway_config`` exists, so it asks `GatewayClient` (a singleton the
+    server adopts later) and leaves a websocket class that the user configured alone.
+    """
+    if not GatewayClient.instance(parent=serverapp).gateway_enabled:
+        return
+    if "kernel_websocket_connection_class" in serverapp.config.get("ServerApp", {}):
+        serverapp.log.info("kernelfleet: keeping the configured kernel websocket connection class")
+        return
+    serverapp.kernel_websocket_connection_class = FleetGatewayWebSocketConnection
+    serverapp.log.info("kernelfleet: gateway websocket relay passes binary frames, TCP_NODELAY on")
+
+
+def _load_jupyter_server_extension(serverapp: Any) -> None:
+    """Nothing to load at this stage; the relay was set up when the extension was linked."""

@@ -1,0 +1,163 @@
+"""GatewayApp: the Jupyter gateway API and the fleet admin API, in one tornado process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import tornado.httpserver
+import tornado.netutil
+import tornado.web
+from traitlets import Float, Int, List, TraitError, Unicode, default, validate
+from traitlets.config import Application
+
+from kernelfleet import __version__
+from kernelfleet.errors import FleetError
+from kernelfleet.gateway.handlers import routes
+from kernelfleet.gateway.hosts import HostRegistry
+from kernelfleet.gateway.kernel_service import KernelService
+from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
+from kernelfleet.scheduler import load_policy
+from kernelfleet.web import new_token
+
+log = logging.getLogger("kernelfleet.gateway")
+
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+class GatewayApp(Application):
+    name = "kernelfleet-gateway"
+    version = __version__
+    description = "The kernelfleet gateway: point JupyterLab at it with --gateway-url."
+
+    aliases = {
+        "ip": "GatewayApp.ip",
+        "port": "GatewayApp.port",
+        "token": "GatewayApp.token",
+        "state-dir": "GatewayApp.state_dir",
+        "policy": "GatewayApp.policy",
+        "log-level": "Application.log_level",
+    }
+
+    ip = Unicode("127.0.0.1", config=True, help="Address to listen on (loopback unless configured).")
+    port = Int(8765, config=True, help="Port to listen on (0 picks a free one).")
+    token = Unicode(
+        config=True,
+        help="Token every request must present. Default: $KERNELFLEET_TOKEN, else a random one.",
+    )
+    state_dir = Unicode(
+        config=True, help="Folder for the gateway's state. Default: $KERNELFLEET_STATE_DIR, else ./.kernelfleet/gateway."
+    )
+    policy = Unicode("notebookos", config=True, help="Scheduling policy (entry point in kernelfleet.policies).")
+    default_kernel_name = Unicode("python3", config=True, help="Kernelspec used when a request names none.")
+    allowed_kernelspecs = List(Unicode(), config=True, help="Kernelspecs offered (empty: every installed one).")
+    allowed_env = List(
+        Unicode(),
+        config=True,
+        help="Variables a kernel-create request may set besides KERNEL_* ones (others are dropped).",
+    )
+    launch_timeout = Float(40.0, config=True, help="Seconds a kernel may take to start.")
+    heartbeat_timeout = Float(
+        5.0, config=True, help="Seconds without a heartbeat after which a host is marked lost."
+    )
+
+    @default("log_level")
+    def _default_log_level(self) -> int:
+        return logging.INFO
+
+    @default("token")
+    def _default_token(self) -> str:
+        return os.environ.get("KERNELFLEET_TOKEN") or new_token()
+
+    @default("state_dir")
+    def _default_state_dir(self) -> str:
+        return os.environ.get("KERNELFLEET_STATE_DIR") or os.path.join(".kernelfleet", "gateway")
+
+    @validate("token")
+    def _check_token(self, proposal: dict) -> str:
+        if len(proposal["value"]) < 8:
+            raise TraitError("the token must be at least 8 characters long")
+        return proposal["value"]
+
+    @validate("port")
+    def _check_port(self, proposal: dict) -> int:
+        if not 0 <= proposal["value"] <= 65535:
+            raise TraitError(f"port {proposal['value']} is out of range")
+        return proposal["value"]
+
+    def initialize(self, argv: list[str] | None = None) -> None:
+        super().initialize(argv)
+        self.init_logging()
+        self.init_state_dir()
+        self.init_services()
+        self.init_webapp()
+
+    def init_logging(self) -> None:
+        logging.basicConfig(level=self.log_level, format=LOG_FORMAT)
+        logging.getLogger("kernelfleet").setLevel(self.log_level)
+
+    def init_state_dir(self) -> None:
+        Path(self.state_dir).mkdir(parents=True, exist_ok=True)
+
+    def init_services(self) -> None:
+        try:
+            policy = load_policy(self.policy)
+            kernelspecs = KernelSpecCatalog(self.default_kernel_name, set(self.allowed_kernelspecs))
+        except FleetError as e:
+            self.log.critical("%s", e)
+            self.exit(2)
+        self.hosts = HostRegistry(
+            self.token,
+            self.heartbeat_timeout,
+            on_report=lambda host: self.kernels.on_host_report(host),
+            on_lost=lambda host: self.kernels.on_host_lost(host),
+        )
+        self.kernels = KernelService(
+            self.hosts, policy, kernelspecs, self.launch_timeout, set(self.allowed_env)
+        )
+        self.kernelspecs = kernelspecs
+
+    def init_webapp(self) -> None:
+        self.webapp = tornado.web.Application(
+            routes(),
+            token=self.token,
+            kernel_service=self.kernels,
+            host_registry=self.hosts,
+            kernelspecs=self.kernelspecs,
+            websocket_max_message_size=1 << 30,
+        )
+
+    async def serve(self) -> None:
+        """Listen, watch host liveness, and stop cleanly on SIGINT/SIGTERM."""
+        server = tornado.httpserver.HTTPServer(self.webapp, max_body_size=64 << 20)
+        sockets = tornado.netutil.bind_sockets(self.port, self.ip)
+        server.add_sockets(sockets)
+        self.port = sockets[0].getsockname()[1]
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        log.info("gateway listening on http://%s:%d (policy %s)", self.ip, self.port, self.policy)
+        watcher = asyncio.create_task(self._watch_hosts(stop))
+        await stop.wait()
+        log.info("gateway stopping")
+        server.stop()
+        watcher.cancel()
+        await self.kernels.shutdown_all()
+        self.hosts.close()
+
+    async def _watch_hosts(self, stop: asyncio.Event) -> None:
+        interval = max(0.2, self.heartbeat_timeout / 5)
+        while not stop.is_set():
+            self.hosts.check_liveness(time.monotonic())
+            await asyncio.sleep(interval)
+
+    def start(self) -> None:
+        asyncio.run(self.serve())
+
+
+main = GatewayApp.launch_instance

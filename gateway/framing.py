@@ -1,0 +1,203 @@
+"""The legacy Jupyter websocket framing, both ways, and the kernel-side wire checks.
+
+A websocket message is one JSON object ``{"header", "parent_header", "metadata", "content",
+"buffers", "channel"}`` in a text frame, or, when it has binary buffers, a binary frame: a
+big-endian uint32 count *n* (the JSON part plus each buffer), *n* uint32 offsets, then the
+JSON (without ``buffers``) and the buffers at those offsets.
+
+Kernel-to-client messages are spliced from the raw ZMQ frames without re-encoding the content,
+so a large output costs one copy, not a parse and a dump.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernelfleet.errors import InvalidRequest
+
+CLIENT_CHANNELS = frozenset({"shell", "control", "stdin"})
+DELIMITER = b"<IDS|MSG>"
+_REQUIRED_DICTS = ("header", "parent_header", "metadata", "content")
+
+
+class MalformedFrame(InvalidRequest):
+    """A websocket frame that is not a valid Jupyter message."""
+
+    reason = "malformed-message"
+
+
+class BadSignature(InvalidRequest):
+    """A ZMQ message whose HMAC does not match the kernel's key."""
+
+    reason = "bad-signature"
+
+
+@dataclass
+class ClientMessage:
+    """A message from a websocket client, checked and ready to sign and send to a kernel."""
+
+    channel: str
+    msg: dict[str, Any]
+    buffers: list[bytes] = field(default_factory=list)
+
+    @property
+    def msg_type(self) -> str:
+        return str(self.msg["header"]["msg_type"])
+
+
+def parse_client_frame(frame: str | bytes) -> ClientMessage:
+    """Decode one websocket frame from a client; raises `MalformedFrame` saying what is wrong."""
+    buffers: list[bytes] = []
+    if isinstance(frame, bytes):
+        json_bytes, buffers = _split_binary_frame(frame)
+        text: str | bytes = json_bytes
+    else:
+        text = frame
+    try:
+        msg = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise MalformedFrame(f"the frame is not valid JSON: {e}") from None
+    if not isinstance(msg, dict):
+        raise MalformedFrame("the frame must hold a JSON object")
+    channel = msg.pop("channel", None)
+    if channel not in CLIENT_CHANNELS:
+        raise MalformedFrame(
+            f"unknown or missing channel {channel!r}; a client sends on shell, control or stdin"
+        )
+    for key in _REQUIRED_DICTS:
+        value = msg.setdefault(key, {})
+        if not isinstance(value, dict):
+            raise MalformedFrame(f"'{key}' must be a JSON object")
+    header = msg["header"]
+    for key in ("msg_id", "msg_type"):
+        if not isinstance(header.get(key), str) or not header[key]:
+            raise MalformedFrame(f"the header needs a non-empty string '{key}'")
+    inline_buffers = msg.pop("buffers", None) or []
+    if inline_buffers and not buffers:
+        raise MalformedFrame("buffers must travel in a binary frame, not inside the JSON")
+    msg.pop("msg_id", None)
+    msg.pop("msg_type", None)
+    return ClientMessage(channel=channel, msg=msg, buffers=buffers)
+
+
+def _split_binary_frame(frame: bytes) -> tuple[bytes, list[bytes]]:
+    if len(frame) < 8:
+        raise MalformedFrame("a binary frame needs at least a count and one offset")
+    (count,) = struct.unpack_from("!I", frame, 0)
+    header_end = 4 * (count + 1)
+    if count < 1 or header_end > len(frame):
+        raise MalformedFrame(f"a binary frame declares {count} parts but is {len(frame)} bytes long")
+    offsets = list(struct.unpack_from(f"!{count}I", frame, 4))
+    bounds = [*offsets, len(frame)]
+    if offsets[0] != header_end or any(a > b for a, b in zip(bounds, bounds[1:], strict=False)):
+        raise MalformedFrame(f"a binary frame has inconsistent offsets {offsets}")
+    parts = [frame[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return parts[0], parts[1:]
+
+
+def client_frame(msg: dict[str, Any], channel: str, buffers: list[bytes] | None = None) -> str | bytes:
+    """Encode a message for a websocket client (the inverse of `parse_client_frame`)."""
+    body = {key: msg.get(key, {}) for key in _REQUIRED_DICTS}
+    body["channel"] = channel
+    if not buffers:
+        body["buffers"] = []
+        return json.dumps(body, default=str)
+    return binary_frame(json.dumps(body, default=str).encode(), buffers)
+
+
+def binary_frame(json_part: bytes, buffers: list[bytes]) -> bytes:
+    parts = [json_part, *buffers]
+    offsets = [4 * (len(parts) + 1)]
+    for part in parts[:-1]:
+        offsets.append(offsets[-1] + len(part))
+    return b"".join([struct.pack(f"!{len(parts) + 1}I", len(parts), *offsets), *parts])
+
+
+@dataclass
+class KernelMessage:
+    """A signed message from a kernel, verified, with its JSON parts still raw."""
+
+    header: dict[str, Any]
+    raw_header: bytes
+    raw_parent_header: bytes
+    raw_metadata: bytes
+    raw_content: bytes
+    buffers: list[bytes]
+
+    @property
+    def msg_type(self) -> str:
+        return str(self.header.get("msg_type", ""))
+
+    def to_client_frame(self, channel: str) -> str | bytes:
+        """The websocket frame for this message, spliced from the raw parts."""
+        json_part = b"".join(
+            [
+                b'{"header":',
+                self.raw_header,
+                b',"parent_header":',
+                self.raw_parent_header,
+                b',"metadata":',
+                self.raw_metadata,
+                b',"content":',
+                self.raw_content,
+                b',"channel":"',
+                channel.encode(),
+                b'"',
+            ]
+        )
+        if self.buffers:
+            return binary_frame(json_part + b"}", self.buffers)
+        return (json_part + b',"buffers":[]}').decode("utf-8")
+
+
+def parse_kernel_frames(frames: list[bytes], signer: hmac.HMAC | None) -> KernelMessage:
+    """Verify and split the ZMQ frames of one kernel message.
+
+    `signer` is an HMAC object keyed with the kernel's key (copied per message), or None when the
+    kernel runs without a key. Raises `BadSignature` or `MalformedFrame`.
+    """
+    try:
+        start = frames.index(DELIMITER) + 1
+    except ValueError:
+        raise MalformedFrame("a kernel message without the <IDS|MSG> delimiter") from None
+    if len(frames) - start < 5:
+        raise MalformedFrame(f"a kernel message with {len(frames) - start} parts (at least 5 needed)")
+    signature, header, parent, metadata, content = frames[start : start + 5]
+    if signer is not None:
+        check = signer.copy()
+        for part in (header, parent, metadata, content):
+            check.update(part)
+        if not hmac.compare_digest(check.hexdigest().encode(), signature):
+            raise BadSignature("a kernel message failed its HMAC check and was dropped")
+    try:
+        header_dict = json.loads(header)
+    except ValueError as e:
+        raise MalformedFrame(f"a kernel message header is not JSON: {e}") from None
+    return KernelMessage(
+        header=header_dict if isinstance(header_dict, dict) else {},
+        raw_header=header,
+        raw_parent_header=parent,
+        raw_metadata=metadata,
+        raw_content=content,
+        buffers=list(frames[start + 5 :]),
+    )
+
+
+def kernel_message_from_dict(msg: dict[str, Any]) -> KernelMessage:
+    """A `KernelMessage` for a message the gateway itself publishes (a status change, say)."""
+
+    def dump(key: str) -> bytes:
+        return json.dumps(msg.get(key, {}), default=str).encode()
+
+    return KernelMessage(
+        header=msg["header"],
+        raw_header=dump("header"),
+        raw_parent_header=dump("parent_header"),
+        raw_metadata=dump("metadata"),
+        raw_content=dump("content"),
+        buffers=[],
+    )

@@ -1,0 +1,33 @@
+"""The gateway's HTTP and websocket endpoints."""
+
+from kernelfleet.gateway.handlers.channels import ChannelsHandler
+from kernelfleet.gateway.handlers.fleet import FleetHostHandler, FleetHostsHandler, FleetKernelHandler, FleetKernelsHandler
+from kernelfleet.gateway.handlers.jupyter import (
+    KernelActionHandler,
+    KernelHandler,
+    KernelsHandler,
+    KernelSpecHandler,
+    KernelSpecResourceHandler,
+    KernelSpecsHandler,
+)
+from kernelfleet.web import NotFoundHandler
+
+_KERNEL_ID = r"(?P<kernel_id>[\w-]+)"
+
+
+def routes() -> list[tuple[str, type]]:
+    """URL patterns for every endpoint, most specific first."""
+    return [
+        (r"/api/kernelspecs/?", KernelSpecsHandler),
+        (r"/api/kernelspecs/(?P<name>[^/]+)/?", KernelSpecHandler),
+        (r"/kernelspecs/(?P<name>[^/]+)/(?P<filename>[^/]+)", KernelSpecResourceHandler),
+        (r"/api/kernels/?", KernelsHandler),
+        (rf"/api/kernels/{_KERNEL_ID}/?", KernelHandler),
+        (rf"/api/kernels/{_KERNEL_ID}/(?P<action>interrupt|restart)/?", KernelActionHandler),
+        (rf"/api/kernels/{_KERNEL_ID}/channels", ChannelsHandler),
+        (r"/api/fleet/hosts/?", FleetHostsHandler),
+        (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/?", FleetHostHandler),
+        (r"/api/fleet/kernels/?", FleetKernelsHandler),
+        (rf"/api/fleet/kernels/{_KERNEL_ID}/?", FleetKernelHandler),
+        (r".*", NotFoundHandler),
+    ]

@@ -1,0 +1,66 @@
+"""The kernel channels websocket, legacy framing (REFERENCE.md §1).
+
+The token is checked before the upgrade, so a wrong token gets a 401/403 JSON answer, not a
+websocket. A malformed frame is logged with the reason and dropped; the connection and every
+other kernel carry on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tornado.websocket import WebSocketClosedError, WebSocketHandler
+
+from kernelfleet.errors import InvalidRequest
+from kernelfleet.gateway.channels import ClientLink
+from kernelfleet.gateway.framing import KernelMessage, parse_client_frame
+from kernelfleet.web import JsonErrorsMixin, TokenAuthMixin
+
+log = logging.getLogger("kernelfleet.gateway.websocket")
+
+
+class ChannelsHandler(TokenAuthMixin, JsonErrorsMixin, WebSocketHandler):
+    client: ClientLink | None = None
+
+    def check_origin(self, origin: str) -> bool:
+        # Callers are Jupyter servers and scripts, not browsers; the token is what authenticates.
+        return True
+
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        self.check_token()
+        self.settings["kernel_service"].get(kwargs["kernel_id"])  # 404 before the upgrade
+        await super().get(*args, **kwargs)
+
+    def open(self, kernel_id: str) -> None:  # type: ignore[override]
+        self.set_nodelay(True)
+        self.kernel_id = kernel_id
+        session_id = self.get_query_argument("session_id", "") or "anonymous"
+        try:
+            self.client = self.settings["kernel_service"].attach(kernel_id, session_id, self._deliver)
+        except InvalidRequest as e:
+            log.error("websocket for kernel %s refused: %s", kernel_id, e)
+            self.close(code=1011, reason=e.message[:120])
+        else:
+            log.info("websocket opened for kernel %s (session %s)", kernel_id, session_id)
+
+    async def on_message(self, message: str | bytes) -> None:
+        if self.client is None:
+            return
+        try:
+            await self.client.send(parse_client_frame(message))
+        except InvalidRequest as e:
+            log.error("kernel %s: dropped a client message (%s): %s", self.kernel_id, e.reason, e)
+
+    def on_close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        log.info("websocket closed for kernel %s", getattr(self, "kernel_id", "?"))
+
+    def _deliver(self, channel: str, message: KernelMessage) -> None:
+        frame = message.to_client_frame(channel)
+        try:
+            self.write_message(frame, binary=isinstance(frame, bytes))
+        except WebSocketClosedError:
+            log.debug("kernel %s: client gone, dropped a %s message", self.kernel_id, channel)

@@ -1,0 +1,328 @@
+"""Kernels as the gateway runs them: placed on hosts by the policy, linked over ZMQ.
+
+`KernelService` owns every `KernelRecord`. The HTTP handlers call its async methods; the host
+registry tells it what the hosts report, so a replica that dies (or a host that goes silent)
+shows up here as a dead kernel, announced to its clients with a ``status: dead`` message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import zmq.asyncio
+from jupyter_client.session import Session
+
+from kernelfleet.errors import FleetError, HostUnavailable, InvalidRequest, KernelDead, NotFound
+from kernelfleet.gateway.channels import ClientLink, ConnectionInfo, Deliver, KernelLink
+from kernelfleet.gateway.framing import KernelMessage, kernel_message_from_dict
+from kernelfleet.gateway.hosts import HostRecord, HostRegistry
+from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
+from kernelfleet.scheduler import FleetSnapshot, HostSnapshot, PlacementRequest, Policy
+
+log = logging.getLogger("kernelfleet.gateway.kernels")
+
+MODEL_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # jupyter_server needs the microseconds and the Z
+
+
+@dataclass
+class ReplicaRecord:
+    """One process of a kernel, on one host."""
+
+    id: str
+    host_id: str
+    connection: ConnectionInfo
+    pid: int | None = None
+    state: str = "starting"
+
+    def update(self, model: dict[str, Any]) -> None:
+        self.pid = model.get("pid", self.pid)
+        self.state = model.get("state", self.state)
+
+    def fleet_model(self) -> dict[str, Any]:
+        return {"id": self.id, "host": self.host_id, "pid": self.pid, "state": self.state}
+
+
+@dataclass
+class KernelRecord:
+    """A kernel: its replicas, its link, and what Jupyter clients see of it."""
+
+    id: str
+    name: str
+    env: dict[str, str]
+    gpus: int = 0
+    replicas: list[ReplicaRecord] = field(default_factory=list)
+    link: KernelLink | None = None
+    executor: str | None = None
+    execution_state: str = "starting"
+    last_activity: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def model(self) -> dict[str, Any]:
+        """The Jupyter kernel model (REFERENCE.md §1)."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "last_activity": self.last_activity.strftime(MODEL_TIME_FORMAT),
+            "execution_state": self.execution_state,
+            "connections": self.link.client_count if self.link else 0,
+        }
+
+    def fleet_model(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "replicas": [replica.fleet_model() for replica in self.replicas],
+            "executor": self.executor,
+        }
+
+    @property
+    def dead(self) -> bool:
+        return bool(self.replicas) and all(replica.state == "dead" for replica in self.replicas)
+
+
+def gpu_need(env: dict[str, str]) -> int:
+    """The kernel's default GPU count, from ``KERNEL_GPUS`` (a non-negative integer; default 0)."""
+    raw = env.get("KERNEL_GPUS", "0").strip() or "0"
+    if not raw.isdigit():
+        raise InvalidRequest(f"KERNEL_GPUS must be a non-negative integer, not {raw!r}")
+    return int(raw)
+
+
+class KernelService:
+    """Starts, tracks, interrupts, restarts and stops kernels."""
+
+    def __init__(
+        self,
+        hosts: HostRegistry,
+        policy: Policy,
+        kernelspecs: KernelSpecCatalog,
+        launch_timeout: float,
+        allowed_env: set[str],
+        replicas_per_kernel: int = 1,
+    ) -> None:
+        self._hosts = hosts
+        self._policy = policy
+        self._kernelspecs = kernelspecs
+        self._launch_timeout = launch_timeout
+        self._allowed_env = allowed_env
+        self._replicas_per_kernel = replicas_per_kernel
+        self._kernels: dict[str, KernelRecord] = {}
+        self._context = zmq.asyncio.Context()
+        self._status_session = Session(username="kernelfleet")
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    def get(self, kernel_id: str) -> KernelRecord:
+        try:
+            return self._kernels[kernel_id]
+        except KeyError:
+            raise NotFound(f"no kernel with id {kernel_id!r}") from None
+
+    def all(self) -> list[KernelRecord]:
+        return list(self._kernels.values())
+
+    def snapshot(self) -> FleetSnapshot:
+        """The fleet as policies see it. A live replica subscribes its kernel's GPU need on its
+        host; nothing is committed yet, since GPUs are not bound to running cells so far."""
+        replicas_on: dict[str, int] = {}
+        subscribed_on: dict[str, int] = {}
+        for kernel in self._kernels.values():
+            for replica in kernel.replicas:
+                if replica.state != "dead":
+                    replicas_on[replica.host_id] = replicas_on.get(replica.host_id, 0) + 1
+                    subscribed_on[replica.host_id] = subscribed_on.get(replica.host_id, 0) + kernel.gpus
+        hosts = tuple(
+            HostSnapshot(
+                id=host.id,
+                gpus_total=len(host.gpus),
+                gpus_subscribed=subscribed_on.get(host.id, 0),
+                replicas=replicas_on.get(host.id, 0),
+                alive=host.alive,
+            )
+            for host in self._hosts.all()
+        )
+        return FleetSnapshot(hosts=hosts)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, name: str | None, env: Any) -> KernelRecord:
+        """Place and launch a kernel; returns once it answered and IOPub is subscribed."""
+        name = self._kernelspecs.resolve(name)
+        env = self._checked_env(env)
+        kernel = KernelRecord(id=str(uuid.uuid4()), name=name, env=env, gpus=gpu_need(env))
+        placement = self._policy.place(
+            self.snapshot(),
+            PlacementRequest(kernel.id, replicas=self._replicas_per_kernel, gpus=kernel.gpus),
+        )
+        self._kernels[kernel.id] = kernel
+        try:
+            results = await asyncio.gather(
+                *(self._launch_replica(kernel, host_id) for host_id in placement.host_ids),
+                return_exceptions=True,
+            )
+            kernel.replicas = [r for r in results if isinstance(r, ReplicaRecord)]
+            failure = next((r for r in results if isinstance(r, BaseException)), None)
+            if failure is not None:
+                raise failure
+            await self._link(kernel)
+        except BaseException:
+            await self._stop_replicas(kernel)
+            self._kernels.pop(kernel.id, None)
+            raise
+        log.info("kernel %s (%s) started on %s", kernel.id, name, ", ".join(placement.host_ids))
+        return kernel
+
+    async def interrupt(self, kernel_id: str) -> None:
+        kernel = self.get(kernel_id)
+        replica = self._live_replica(kernel)
+        await self._hosts.get(replica.host_id).client.interrupt_replica(replica.id)
+
+    async def restart(self, kernel_id: str) -> KernelRecord:
+        """Restart every replica with an empty namespace; a replica on a lost host is re-placed."""
+        kernel = self.get(kernel_id)
+        kernel.execution_state = "restarting"
+        self._announce(kernel, "restarting")
+        old_connections = [replica.connection for replica in kernel.replicas]
+        for index, replica in enumerate(list(kernel.replicas)):
+            host = self._hosts.get(replica.host_id)
+            if host.alive:
+                model = await host.client.restart_replica(replica.id, launch_timeout=self._launch_timeout)
+                replica.update(model)
+                replica.connection = ConnectionInfo.from_dict(model["connection"])
+            else:
+                kernel.replicas[index] = await self._replace_replica(kernel, replica)
+        if [replica.connection for replica in kernel.replicas] != old_connections:
+            await self._link(kernel)
+        kernel.execution_state = "idle"
+        kernel.executor = None
+        self._announce(kernel, "idle")
+        return kernel
+
+    async def shutdown(self, kernel_id: str) -> None:
+        kernel = self.get(kernel_id)
+        self._kernels.pop(kernel_id, None)
+        if kernel.link is not None:
+            kernel.link.close()
+        await self._stop_replicas(kernel)
+        log.info("kernel %s shut down", kernel_id)
+
+    async def shutdown_all(self) -> None:
+        await asyncio.gather(*(self.shutdown(k) for k in list(self._kernels)), return_exceptions=True)
+        self._context.term()
+
+    def attach(self, kernel_id: str, session_id: str, deliver: Deliver) -> ClientLink:
+        """Connect a websocket client to the kernel's channels."""
+        kernel = self.get(kernel_id)
+        if kernel.link is None:
+            raise KernelDead(f"kernel {kernel_id} has no running replica")
+        return kernel.link.attach(session_id, deliver)
+
+    # ---- what the hosts tell us ------------------------------------------------------------
+
+    def on_host_report(self, host: HostRecord) -> None:
+        reported = {model.get("id"): model for model in host.replicas if isinstance(model, dict)}
+        for kernel in self._kernels.values():
+            for replica in kernel.replicas:
+                model = reported.get(replica.id)
+                if replica.host_id == host.id and model is not None:
+                    was_dead = replica.state == "dead"
+                    replica.update(model)
+                    if replica.state == "dead" and not was_dead:
+                        self._replica_died(kernel, replica, f"its process exited ({model.get('exit_code')})")
+
+    def on_host_lost(self, host: HostRecord) -> None:
+        for kernel in self._kernels.values():
+            for replica in kernel.replicas:
+                if replica.host_id == host.id and replica.state != "dead":
+                    replica.state = "dead"
+                    self._replica_died(kernel, replica, f"host {host.id} stopped answering")
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _checked_env(self, env: Any) -> dict[str, str]:
+        if env is None:
+            return {}
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise InvalidRequest("'env' must map variable names to string values")
+        return {k: v for k, v in env.items() if k.startswith("KERNEL_") or k in self._allowed_env}
+
+    async def _launch_replica(self, kernel: KernelRecord, host_id: str) -> ReplicaRecord:
+        host = self._hosts.get(host_id)
+        replica_id = f"{kernel.id[:8]}-{uuid.uuid4().hex[:6]}"
+        model = await host.client.start_replica(
+            replica_id, kernel.id, kernel.name, kernel.env, launch_timeout=self._launch_timeout
+        )
+        replica = ReplicaRecord(
+            id=replica_id, host_id=host_id, connection=ConnectionInfo.from_dict(model["connection"])
+        )
+        replica.update(model)
+        return replica
+
+    async def _replace_replica(self, kernel: KernelRecord, lost: ReplicaRecord) -> ReplicaRecord:
+        snapshot = self.snapshot()
+        others = {r.host_id for r in kernel.replicas if r is not lost}
+        candidates = FleetSnapshot(
+            hosts=tuple(h for h in snapshot.hosts if h.id not in others and h.id != lost.host_id),
+            now=snapshot.now,
+        )
+        placement = self._policy.place(candidates, PlacementRequest(kernel.id, replicas=1))
+        log.warning("kernel %s: replacing replica %s of lost host %s", kernel.id, lost.id, lost.host_id)
+        return await self._launch_replica(kernel, placement.host_ids[0])
+
+    async def _link(self, kernel: KernelRecord) -> None:
+        if kernel.link is not None:
+            kernel.link.close()
+        replica = self._live_replica(kernel)
+        link = KernelLink(kernel.id, replica.connection, self._context, lambda m: self._on_iopub(kernel, m))
+        kernel.link = link
+        await link.start(timeout=self._launch_timeout)
+        kernel.execution_state = "idle"
+
+    def _on_iopub(self, kernel: KernelRecord, message: KernelMessage) -> None:
+        kernel.last_activity = datetime.now(UTC)
+        if message.msg_type == "status":
+            try:
+                kernel.execution_state = json.loads(message.raw_content)["execution_state"]
+            except (ValueError, KeyError, TypeError):
+                log.warning("kernel %s sent a status message without execution_state", kernel.id)
+        elif message.msg_type == "execute_input" and kernel.link is not None:
+            kernel.executor = self._live_replica(kernel).id
+
+    def _live_replica(self, kernel: KernelRecord) -> ReplicaRecord:
+        for replica in kernel.replicas:
+            if replica.state != "dead":
+                return replica
+        raise KernelDead(f"kernel {kernel.id} is dead: restart it or shut it down")
+
+    def _replica_died(self, kernel: KernelRecord, replica: ReplicaRecord, why: str) -> None:
+        log.error("kernel %s: replica %s on %s died: %s", kernel.id, replica.id, replica.host_id, why)
+        if kernel.dead:
+            kernel.execution_state = "dead"
+            self._announce(kernel, "dead")
+
+    def _announce(self, kernel: KernelRecord, execution_state: str) -> None:
+        """Publish a status message of the gateway's own to the kernel's clients."""
+        if kernel.link is None:
+            return
+        msg = self._status_session.msg("status", content={"execution_state": execution_state})
+        kernel.link.broadcast("iopub", kernel_message_from_dict(msg))
+
+    async def _stop_replicas(self, kernel: KernelRecord) -> None:
+        async def stop(replica: ReplicaRecord) -> None:
+            try:
+                host = self._hosts.get(replica.host_id)
+                if host.alive:
+                    await host.client.stop_replica(replica.id)
+            except (NotFound, HostUnavailable) as e:
+                log.warning("kernel %s: could not stop replica %s: %s", kernel.id, replica.id, e)
+            except FleetError as e:
+                log.error("kernel %s: stopping replica %s failed: %s", kernel.id, replica.id, e)
+
+        await asyncio.gather(*(stop(replica) for replica in kernel.replicas))

@@ -1,0 +1,165 @@
+"""``kernelfleet up``: a gateway and N host agents on this machine, in the foreground.
+
+Each process runs in its own session with its log in ``<state-dir>/logs/``. The token travels in
+the environment, never on a command line (where ``ps`` would show it). SIGINT or SIGTERM stops
+the gateway, then the hosts (which stop their kernels), then kills whatever is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from traitlets import Float, Int, TraitError, Unicode, default, validate
+from traitlets.config import Application
+
+from kernelfleet import __version__
+from kernelfleet.web import new_token
+
+
+class UpApp(Application):
+    name = "kernelfleet-up"
+    version = __version__
+    description = "Start a gateway and N local host agents with virtual GPUs, in the foreground."
+
+    aliases = {
+        "ip": "UpApp.ip",
+        "port": "UpApp.port",
+        "token": "UpApp.token",
+        "hosts": "UpApp.hosts",
+        "gpus-per-host": "UpApp.gpus_per_host",
+        "state-dir": "UpApp.state_dir",
+    }
+
+    ip = Unicode("127.0.0.1", config=True, help="Address the gateway listens on.")
+    port = Int(8765, config=True, help="Port the gateway listens on.")
+    token = Unicode(config=True, help="Token for every request. Default: $KERNELFLEET_TOKEN, else random.")
+    hosts = Int(3, config=True, help="Number of local host agents.")
+    gpus_per_host = Int(2, config=True, help="Virtual GPUs per host agent.")
+    state_dir = Unicode(
+        config=True, help="Folder for state and logs. Default: $KERNELFLEET_STATE_DIR, else ./.kernelfleet."
+    )
+    start_timeout = Float(60.0, config=True, help="Seconds to wait for the platform to answer.")
+    stop_timeout = Float(5.0, config=True, help="Seconds each stage of shutdown may take before kill.")
+
+    @default("token")
+    def _default_token(self) -> str:
+        return os.environ.get("KERNELFLEET_TOKEN") or new_token()
+
+    @default("state_dir")
+    def _default_state_dir(self) -> str:
+        return os.environ.get("KERNELFLEET_STATE_DIR") or ".kernelfleet"
+
+    @validate("hosts", "gpus_per_host")
+    def _check_counts(self, proposal: dict) -> int:
+        if proposal["value"] < (1 if proposal["trait"].name == "hosts" else 0):
+            raise TraitError(f"{proposal['trait'].name} cannot be {proposal['value']}")
+        return proposal["value"]
+
+    def start(self) -> None:
+        stopping = []
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stopping.append(True))
+        self.url = f"http://{self.ip}:{self.port}"
+        self.logs = Path(self.state_dir, "logs")
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.gateway = self._spawn(
+            "gateway",
+            ["gateway", "--ip", self.ip, "--port", str(self.port), "--state-dir", f"{self.state_dir}/gateway"],
+        )
+        self.agents = [
+            self._spawn(
+                f"host-{i}",
+                [
+                    "host", "--gateway", self.url, "--host-id", f"host-{i}",
+                    "--gpus", str(self.gpus_per_host), "--state-dir", f"{self.state_dir}/host-{i}",
+                ],
+            )
+            for i in range(1, self.hosts + 1)
+        ]  # fmt: skip
+        try:
+            self._wait_until_up(stopping)
+            print(
+                f"kernelfleet is up: {self.url} token={self.token} "
+                f"({self.hosts} hosts x {self.gpus_per_host} GPUs) | connect with: "
+                f"jupyter lab --gateway-url={self.url} --GatewayClient.auth_token={self.token}",
+                flush=True,
+            )
+            while not stopping:
+                self._check_children()
+                time.sleep(0.2)
+        finally:
+            self._stop_all()
+
+    def _spawn(self, label: str, args: list[str]) -> subprocess.Popen:
+        env = {**os.environ, "KERNELFLEET_TOKEN": self.token, "PYTHONUNBUFFERED": "1"}
+        log_file = (self.logs / f"{label}.log").open("ab")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kernelfleet", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        process.label = label  # type: ignore[attr-defined]
+        return process
+
+    def _wait_until_up(self, stopping: list[bool]) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while not stopping:
+            self._check_children()
+            try:
+                self._get("/api/kernelspecs")
+                alive = [h for h in self._get("/api/fleet/hosts") if h["state"] == "alive"]
+                if len(alive) >= self.hosts:
+                    return
+            except (OSError, urllib.error.URLError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                self._fail(f"the platform did not come up within {self.start_timeout:.0f} s")
+            time.sleep(0.1)
+
+    def _get(self, path: str) -> object:
+        request = urllib.request.Request(self.url + path, headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return json.loads(response.read())
+
+    def _check_children(self) -> None:
+        for process in [self.gateway, *self.agents]:
+            if process.poll() is not None:
+                self._fail(f"{process.label} exited with code {process.returncode}")  # type: ignore[attr-defined]
+
+    def _fail(self, why: str) -> None:
+        print(f"kernelfleet up: {why}; logs in {self.logs}/", file=sys.stderr)
+        for log_file in sorted(self.logs.glob("*.log")):
+            tail = log_file.read_text(errors="replace").splitlines()[-8:]
+            if tail:
+                print(f"--- {log_file.name} (last lines)", *tail, sep="\n", file=sys.stderr)
+        self.exit(1)
+
+    def _stop_all(self) -> None:
+        """Gateway first (it stops the kernels through the hosts), then the hosts, then kill."""
+        for group in ([self.gateway], self.agents):
+            for process in group:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + self.stop_timeout
+            for process in group:
+                try:
+                    process.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        for process in [self.gateway, *self.agents]:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
