@@ -1,0 +1,480 @@
+"""``kernelfleet host``: the host agent, one per GPU host.
+
+It owns the host's GPU inventory and its kernel replicas, serves the host agent API
+(``kernelfleet.kernels.handlers``) and registers/heartbeats with the gateway
+(``kernelfleet.kernels.heartbeat``). SIGTERM or SIGINT stops the heartbeat, shuts every replica
+down within ``shutdown_timeout`` seconds (killing stragglers) and exits 0. If the agent is killed
+outright, its kernels still exit: jupyter_client passes ``JPY_PARENT_PID`` and ipykernel quits
+when that parent goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import secrets
+import signal
+import socket
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.kernelspec import KernelSpecManager
+from tornado import netutil, web
+from tornado.httpserver import HTTPServer
+from traitlets import (
+    CaselessStrEnum,
+    Enum,
+    Float,
+    Integer,
+    TraitError,
+    Unicode,
+    default,
+    validate,
+)
+from traitlets.config import Application, catch_config_error
+
+from kernelfleet import __version__
+
+from .gpus import INVENTORY_KINDS, GpuInventory, GpuUnavailable, make_inventory
+from .handlers import handlers
+from .heartbeat import GatewayHeartbeat
+from .replicas import ID_PATTERN, ReplicaTable
+
+HOST_ID_FILE = "host-id"
+_WILDCARD_IPS = ("", "0.0.0.0", "::")
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+def _env_number(name: str, kind: type[int] | type[float], fallback: Any) -> Any:
+    value = _env(name)
+    if value is None:
+        return fallback
+    try:
+        return kind(value)
+    except ValueError:
+        raise TraitError(f"environment variable {name}={value!r} is not a valid number") from None
+
+
+def load_or_create_host_id(state_dir: Path) -> str:
+    """The host id stored in ``<state_dir>/host-id``; a new ``host-<8 hex>`` is stored if none."""
+    path = state_dir / HOST_ID_FILE
+    try:
+        host_id = path.read_text().strip()
+    except FileNotFoundError:
+        host_id = f"host-{secrets.token_hex(4)}"
+        state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(host_id + "\n")
+        os.replace(tmp, path)
+        return host_id
+    if not ID_PATTERN.fullmatch(host_id):
+        raise TraitError(f"{path} holds {host_id!r}, which is not a valid host id")
+    return host_id
+
+
+class HostAgentApp(Application):
+    """The host agent process: GPU inventory, replica launcher, API server, heartbeat."""
+
+    name = "kernelfleet-host"
+    version = __version__
+    description = (
+        "Run kernel replicas for a kernelfleet gateway on this machine: report its GPUs, "
+        "launch, interrupt, restart and stop kernels on the gateway's behalf, heartbeat to it."
+    )
+    examples = "kernelfleet host --gateway http://gw:8888 --token $KERNELFLEET_TOKEN --gpus 4"
+
+    aliases = {
+        **Application.aliases,
+        "gateway": "HostAgentApp.gateway_url",
+        "token": "HostAgentApp.token",
+        "gpus": "HostAgentApp.gpus",
+        "gpu-inventory": "HostAgentApp.gpu_inventory",
+        "state-dir": "HostAgentApp.state_dir",
+        "host-id": "HostAgentApp.host_id",
+        "ip": "HostAgentApp.ip",
+        "port": "HostAgentApp.port",
+        "advertise-url": "HostAgentApp.advertise_url",
+        "kernel-ip": "HostAgentApp.kernel_ip",
+        "root-dir": "HostAgentApp.root_dir",
+        "heartbeat-interval": "HostAgentApp.heartbeat_interval",
+        "launch-timeout": "HostAgentApp.launch_timeout",
+    }
+
+    log_level = Enum(
+        (0, 10, 20, 30, 40, 50, "DEBUG", "INFO", "WARN", "ERROR", "CRITICAL"),
+        default_value=logging.INFO,
+        help="Set the log level by value or name.",
+    ).tag(config=True)
+
+    log_format = Unicode(
+        "[%(levelname)1.1s %(asctime)s.%(msecs)03d %(name)s] %(message)s",
+        help="The logging format template.",
+    ).tag(config=True)
+
+    gateway_url = Unicode(
+        help="The gateway's base URL (http[s]://host:port) to register and heartbeat with. "
+        "Default: $KERNELFLEET_GATEWAY_URL. Empty: serve the API without registering anywhere.",
+    ).tag(config=True)
+
+    token = Unicode(
+        help="The fleet token: required on every call to this agent and sent to the gateway. "
+        "Default: $KERNELFLEET_TOKEN. Start-up fails without one.",
+    ).tag(config=True)
+
+    gpus = Integer(
+        None,
+        allow_none=True,
+        help="Offer this many virtual GPUs instead of reading the real ones. "
+        "Default: $KERNELFLEET_GPUS; unset means the real GPUs through NVML, or none.",
+    ).tag(config=True)
+
+    gpu_inventory = CaselessStrEnum(
+        INVENTORY_KINDS,
+        default_value="auto",
+        help="Where the GPUs come from: 'nvml' (real, required), 'virtual' (the --gpus count) "
+        "or 'auto' (virtual if --gpus is set, else NVML if it works, else none).",
+    ).tag(config=True)
+
+    state_dir = Unicode(
+        help="Directory for this agent's state: the host id and each replica's kernel.log. "
+        "Default: $KERNELFLEET_STATE_DIR, else $XDG_STATE_HOME/kernelfleet/host "
+        "(~/.local/state/kernelfleet/host). Give each agent on one machine its own.",
+    ).tag(config=True)
+
+    host_id = Unicode(
+        help="This host's id in the fleet. Default: $KERNELFLEET_HOST_ID, else the id stored in "
+        "<state_dir>/host-id, else a new 'host-<8 hex>' stored there.",
+    ).tag(config=True)
+
+    ip = Unicode(
+        help="The IP address the agent API listens on. "
+        "Default: $KERNELFLEET_HOST_IP, else 127.0.0.1.",
+    ).tag(config=True)
+
+    port = Integer(
+        help="The port the agent API listens on; 0 picks a free one (logged at start-up). "
+        "Default: $KERNELFLEET_HOST_PORT, else 0.",
+    ).tag(config=True)
+
+    advertise_url = Unicode(
+        help="The URL the gateway should use to reach this agent. Default: "
+        "$KERNELFLEET_ADVERTISE_URL, else http://<ip>:<port> (the host name for a wildcard ip).",
+    ).tag(config=True)
+
+    kernel_ip = Unicode(
+        help="The IP address kernel replicas bind their ZMQ sockets to; the gateway connects "
+        "there. Default: $KERNELFLEET_KERNEL_IP, else 127.0.0.1.",
+    ).tag(config=True)
+
+    root_dir = Unicode(
+        help="Working directory of kernels whose request names no existing KERNEL_WORKING_DIR. "
+        "Default: the agent's working directory.",
+    ).tag(config=True)
+
+    heartbeat_interval = Float(
+        help="Seconds between heartbeats to the gateway (a replica state change beats at once). "
+        "Default: $KERNELFLEET_HEARTBEAT_INTERVAL, else 1.0.",
+    ).tag(config=True)
+
+    launch_timeout = Float(
+        help="Seconds a kernel may take to answer kernel_info when the request gives no "
+        "launch_timeout and no KERNEL_LAUNCH_TIMEOUT. "
+        "Default: $KERNELFLEET_LAUNCH_TIMEOUT, else 40.",
+    ).tag(config=True)
+
+    replica_stop_timeout = Float(
+        3.0,
+        help="Seconds a replica gets to shut down cleanly (shutdown request, then SIGTERM) before "
+        "it is killed.",
+    ).tag(config=True)
+
+    shutdown_timeout = Float(
+        5.0,
+        help="Seconds the agent spends stopping all replicas when it exits; stragglers are killed.",
+    ).tag(config=True)
+
+    replica_poll_interval = Float(
+        0.5, help="Seconds between checks that each ready replica's process is still alive."
+    ).tag(config=True)
+
+    # -- defaults from the environment ------------------------------------------------------
+
+    @default("log")
+    def _log_default(self) -> logging.Logger:
+        return logging.getLogger("kernelfleet.host")
+
+    @default("gateway_url")
+    def _gateway_url_default(self) -> str:
+        return _env("KERNELFLEET_GATEWAY_URL") or ""
+
+    @default("token")
+    def _token_default(self) -> str:
+        return _env("KERNELFLEET_TOKEN") or ""
+
+    @default("gpus")
+    def _gpus_default(self) -> int | None:
+        value: int | None = _env_number("KERNELFLEET_GPUS", int, None)
+        return value
+
+    @default("state_dir")
+    def _state_dir_default(self) -> str:
+        explicit = _env("KERNELFLEET_STATE_DIR")
+        if explicit:
+            return explicit
+        base = _env("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        return str(Path(base) / "kernelfleet" / "host")
+
+    @default("host_id")
+    def _host_id_default(self) -> str:
+        return _env("KERNELFLEET_HOST_ID") or ""
+
+    @default("ip")
+    def _ip_default(self) -> str:
+        return _env("KERNELFLEET_HOST_IP") or "127.0.0.1"
+
+    @default("port")
+    def _port_default(self) -> int:
+        value: int = _env_number("KERNELFLEET_HOST_PORT", int, 0)
+        return value
+
+    @default("advertise_url")
+    def _advertise_url_default(self) -> str:
+        return _env("KERNELFLEET_ADVERTISE_URL") or ""
+
+    @default("kernel_ip")
+    def _kernel_ip_default(self) -> str:
+        return _env("KERNELFLEET_KERNEL_IP") or "127.0.0.1"
+
+    @default("root_dir")
+    def _root_dir_default(self) -> str:
+        return os.getcwd()
+
+    @default("heartbeat_interval")
+    def _heartbeat_interval_default(self) -> float:
+        value: float = _env_number("KERNELFLEET_HEARTBEAT_INTERVAL", float, 1.0)
+        return value
+
+    @default("launch_timeout")
+    def _launch_timeout_default(self) -> float:
+        value: float = _env_number("KERNELFLEET_LAUNCH_TIMEOUT", float, 40.0)
+        return value
+
+    # -- validation -------------------------------------------------------------------------
+
+    @validate("gateway_url", "advertise_url")
+    def _validate_url(self, proposal: Any) -> str:
+        value = str(proposal["value"]).strip().rstrip("/")
+        if value and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", value):
+            raise TraitError(f"{proposal['trait'].name} must be an http(s) URL, not {value!r}")
+        return value
+
+    @validate("gpus")
+    def _validate_gpus(self, proposal: Any) -> int | None:
+        value = proposal["value"]
+        if value is not None and value < 0:
+            raise TraitError(f"gpus must be 0 or more, not {value}")
+        return value
+
+    @validate("host_id")
+    def _validate_host_id(self, proposal: Any) -> str:
+        value = str(proposal["value"])
+        if value and not ID_PATTERN.fullmatch(value):
+            raise TraitError(f"host_id must match {ID_PATTERN.pattern}, not {value!r}")
+        return value
+
+    @validate("port")
+    def _validate_port(self, proposal: Any) -> int:
+        value = int(proposal["value"])
+        if not 0 <= value <= 65535:
+            raise TraitError(f"port must be between 0 and 65535, not {value}")
+        return value
+
+    @validate(
+        "heartbeat_interval",
+        "launch_timeout",
+        "replica_stop_timeout",
+        "shutdown_timeout",
+        "replica_poll_interval",
+    )
+    def _validate_positive(self, proposal: Any) -> float:
+        value = float(proposal["value"])
+        if not value > 0:
+            raise TraitError(f"{proposal['trait'].name} must be a positive number of seconds")
+        return value
+
+    @validate("root_dir")
+    def _validate_root_dir(self, proposal: Any) -> str:
+        value = os.path.abspath(os.path.expanduser(str(proposal["value"])))
+        if not os.path.isdir(value):
+            raise TraitError(f"root_dir {value!r} is not a directory")
+        return value
+
+    # -- logging ----------------------------------------------------------------------------
+
+    def get_default_logging_config(self) -> dict[str, Any]:
+        config = super().get_default_logging_config()
+        config["loggers"] = {
+            "kernelfleet": {"level": "DEBUG", "handlers": ["console"], "propagate": False},
+            "tornado": {"level": "INFO", "handlers": ["console"], "propagate": False},
+            "tornado.access": {"level": "WARNING"},
+        }
+        return config
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    @catch_config_error
+    def initialize(self, argv: Any = None) -> None:
+        super().initialize(argv)
+        self.init_token()
+        self.init_state_dir()
+        self.init_host_id()
+        self.init_inventory()
+        self.init_replicas()
+        self.init_webapp()
+        self.init_heartbeat()
+
+    def init_token(self) -> None:
+        if not self.token:
+            raise TraitError(
+                "no token: pass --token=<token> or set KERNELFLEET_TOKEN "
+                "(the same token the gateway was started with)"
+            )
+
+    def init_state_dir(self) -> None:
+        self.state_path = Path(self.state_dir).expanduser().resolve()
+        try:
+            (self.state_path / "replicas").mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TraitError(f"cannot create the state directory {self.state_path}: {e}") from e
+
+    def init_host_id(self) -> None:
+        if not self.host_id:
+            self.host_id = load_or_create_host_id(self.state_path)
+
+    def init_inventory(self) -> None:
+        try:
+            self.inventory: GpuInventory = make_inventory(
+                self.gpu_inventory, self.gpus, self.host_id
+            )
+        except (ValueError, GpuUnavailable) as e:
+            raise TraitError(str(e)) from e
+
+    def init_replicas(self) -> None:
+        self.kernel_spec_manager = KernelSpecManager(parent=self)
+        self.replicas = ReplicaTable(
+            state_dir=self.state_path,
+            kernel_spec_manager=self.kernel_spec_manager,
+            root_dir=Path(self.root_dir),
+            kernel_ip=self.kernel_ip,
+            launch_timeout=self.launch_timeout,
+            stop_timeout=self.replica_stop_timeout,
+            poll_interval=self.replica_poll_interval,
+            on_change=self._on_replicas_changed,
+            config_parent=self,
+        )
+
+    def init_webapp(self) -> None:
+        self.web_app = web.Application(
+            handlers(),
+            token=self.token,
+            replicas=self.replicas,
+            host_report=self.host_report,
+        )
+        try:
+            self.sockets = netutil.bind_sockets(self.port, self.ip)
+        except OSError as e:
+            raise TraitError(f"cannot listen on {self.ip}:{self.port}: {e}") from e
+        self.bound_port = self.sockets[0].getsockname()[1]
+        self.address = self.advertise_url or _http_url(self.ip, self.bound_port)
+
+    def init_heartbeat(self) -> None:
+        self.heartbeat: GatewayHeartbeat | None = None
+        if not self.gateway_url:
+            self.log.warning(
+                "no gateway URL (--gateway / KERNELFLEET_GATEWAY_URL): not registering"
+            )
+            return
+        self.heartbeat = GatewayHeartbeat(
+            self.gateway_url,
+            self.token,
+            self.host_id,
+            report=self.host_report,
+            interval=self.heartbeat_interval,
+        )
+
+    # -- running ----------------------------------------------------------------------------
+
+    def host_report(self) -> dict[str, Any]:
+        """The host model: served at ``GET /api/host`` and sent as every heartbeat's body."""
+        return {
+            "id": self.host_id,
+            "address": self.address,
+            "gpus": [gpu.to_dict() for gpu in self.inventory.devices()],
+            "replicas": self.replicas.models(),
+        }
+
+    def _on_replicas_changed(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.poke()
+
+    def start(self) -> None:
+        asyncio.run(self._serve())
+        self.log.info("host agent %s stopped", self.host_id)
+
+    async def _serve(self) -> None:
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_signal, signum, stopping)
+        server = HTTPServer(self.web_app)
+        server.add_sockets(self.sockets)
+        self.log.info(
+            "host agent %s listening on %s with %d GPU(s); state in %s; gateway %s",
+            self.host_id,
+            self.address,
+            len(self.inventory.devices()),
+            self.state_path,
+            self.gateway_url or "(none)",
+        )
+        watcher = asyncio.create_task(self.replicas.watch())
+        beats = asyncio.create_task(self.heartbeat.run()) if self.heartbeat else None
+        await stopping.wait()
+
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        if beats is not None:
+            beats.cancel()
+        server.stop()
+        watcher.cancel()
+        await self.replicas.stop_all(grace=self.shutdown_timeout)
+        await asyncio.gather(watcher, *([beats] if beats else []), return_exceptions=True)
+        try:
+            await asyncio.wait_for(server.close_all_connections(), timeout=1.0)
+        except TimeoutError:
+            self.log.debug("some API connections were still open at exit")
+
+    def _on_signal(self, signum: int, stopping: asyncio.Event) -> None:
+        if stopping.is_set():
+            self.log.warning("%s again: already stopping", signal.Signals(signum).name)
+            return
+        self.log.info("%s received: stopping replicas and exiting", signal.Signals(signum).name)
+        stopping.set()
+
+
+def _http_url(ip: str, port: int) -> str:
+    host = socket.gethostname() if ip in _WILDCARD_IPS else ip
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+main = HostAgentApp.launch_instance
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""The GPUs a host offers: real ones through NVML, or a configured number of virtual ones.
+
+Everything above this module sees only ``GpuInventory.devices()`` and ``GpuDevice`` values, so a
+host with virtual GPUs runs exactly the same code as a host with real ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+log = logging.getLogger("kernelfleet.host.gpus")
+
+InventoryKind = Literal["auto", "nvml", "virtual"]
+INVENTORY_KINDS: tuple[str, ...] = ("auto", "nvml", "virtual")
+
+VIRTUAL_GPU_NAME = "kernelfleet virtual GPU"
+VIRTUAL_GPU_MEMORY_MIB = 16384
+
+
+class GpuUnavailable(RuntimeError):
+    """The requested inventory cannot be read on this machine (no NVML library, no driver)."""
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """One GPU as the fleet sees it.
+
+    ``index`` is the device ordinal on this host (what ``CUDA_VISIBLE_DEVICES`` takes);
+    ``uuid`` is stable across restarts of the agent and unique in the fleet.
+    """
+
+    index: int
+    uuid: str
+    name: str
+    memory_total_mib: int
+    virtual: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form used in the host model and the gateway registration."""
+        return asdict(self)
+
+
+class GpuInventory(ABC):
+    """The GPUs of one host.
+
+    Contract: the agent builds one inventory at start-up (``make_inventory``) and calls
+    ``devices()`` whenever it describes the host (every heartbeat), so ``devices()`` must be cheap
+    and must not fail; an implementation reads the hardware once and answers from that snapshot.
+    The list is ordered by ``index`` and is the same on every call for the life of the process.
+    """
+
+    kind: str = "abstract"
+
+    @abstractmethod
+    def devices(self) -> list[GpuDevice]:
+        """The host's GPUs, ordered by index."""
+
+
+class VirtualInventory(GpuInventory):
+    """``count`` identical virtual GPUs, for machines without GPUs and for tests.
+
+    UUIDs are ``GPU-virtual-<host_id>-<index>``: stable for a host id, distinct across hosts.
+    """
+
+    kind = "virtual"
+
+    def __init__(
+        self,
+        count: int,
+        host_id: str,
+        *,
+        name: str = VIRTUAL_GPU_NAME,
+        memory_total_mib: int = VIRTUAL_GPU_MEMORY_MIB,
+    ) -> None:
+        if count < 0:
+            raise ValueError(f"a virtual GPU count cannot be negative (got {count})")
+        self._devices = [
+            GpuDevice(
+                index=i,
+                uuid=f"GPU-virtual-{host_id}-{i}",
+                name=name,
+                memory_total_mib=memory_total_mib,
+                virtual=True,
+            )
+            for i in range(count)
+        ]
+
+    def devices(self) -> list[GpuDevice]:
+        return list(self._devices)
+
+
+class NvmlInventory(GpuInventory):
+    """The real GPUs, read once through NVML (``nvidia-ml-py``, imported as ``pynvml``).
+
+    The constructor initialises NVML, reads every device and shuts NVML down again; it raises
+    ``GpuUnavailable`` (with NVML's own explanation) when NVML cannot be initialised.
+    """
+
+    kind = "nvml"
+
+    def __init__(self) -> None:
+        self._devices = _read_nvml_devices()
+
+    def devices(self) -> list[GpuDevice]:
+        return list(self._devices)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _read_nvml_devices() -> list[GpuDevice]:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        raise GpuUnavailable(f"NVML could not be initialised: {e}") from e
+    try:
+        devices = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            devices.append(
+                GpuDevice(
+                    index=i,
+                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                    name=_text(pynvml.nvmlDeviceGetName(handle)),
+                    memory_total_mib=int(memory.total) // (1024 * 1024),
+                    virtual=False,
+                )
+            )
+        return devices
+    except pynvml.NVMLError as e:
+        raise GpuUnavailable(f"NVML failed while listing devices: {e}") from e
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def make_inventory(kind: str, virtual_count: int | None, host_id: str) -> GpuInventory:
+    """Build the inventory the agent's configuration asks for.
+
+    - ``virtual_count`` set (with kind ``auto`` or ``virtual``): that many virtual GPUs.
+    - ``"virtual"`` without a count: no GPUs.
+    - ``"nvml"``: the real GPUs; raises ``GpuUnavailable`` if NVML does not work here.
+    - ``"auto"`` without a count: the real GPUs if NVML initialises, otherwise no GPUs, with one
+      INFO line saying why.
+
+    Raises ``ValueError`` for an unknown kind or for ``"nvml"`` combined with a virtual count.
+    """
+    if kind not in INVENTORY_KINDS:
+        raise ValueError(
+            f"unknown GPU inventory {kind!r}; choose one of {', '.join(INVENTORY_KINDS)}"
+        )
+    if kind == "nvml":
+        if virtual_count is not None:
+            raise ValueError("a virtual GPU count cannot be combined with the 'nvml' inventory")
+        return NvmlInventory()
+    if kind == "virtual" or virtual_count is not None:
+        return VirtualInventory(virtual_count or 0, host_id)
+    try:
+        return NvmlInventory()
+    except GpuUnavailable as e:
+        log.info(
+            "No real GPUs on this host (%s); offering 0 GPUs. Use --gpus N for virtual ones.", e
+        )
+        return VirtualInventory(0, host_id)

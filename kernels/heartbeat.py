@@ -1,0 +1,134 @@
+"""Registration and heartbeat: one idempotent ``PUT {gateway}/api/fleet/hosts/{host_id}``.
+
+The body is the full host report (``{"id", "address", "gpus", "replicas"}``), so the first beat
+registers the host and every later one refreshes it; a gateway that restarted learns the host
+again from the next beat. ``poke()`` sends the next beat at once (the replica table calls it on
+every state change). A gateway that cannot be reached costs one WARNING per outage, not one per
+beat; the agent keeps beating and keeps serving its own API meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+log = logging.getLogger("kernelfleet.host.heartbeat")
+
+
+class GatewayHeartbeat:
+    """Sends ``report()`` to the gateway every ``interval`` seconds, and at once after ``poke()``.
+
+    ``run()`` is the loop (one task, started by the agent, ended with ``stop()``). Beats never
+    overlap: a poke during a beat makes the next beat start as soon as that one finishes.
+    """
+
+    def __init__(
+        self,
+        gateway_url: str,
+        token: str,
+        host_id: str,
+        report: Callable[[], dict[str, Any]],
+        interval: float,
+        request_timeout: float = 5.0,
+    ) -> None:
+        self.url = f"{gateway_url.rstrip('/')}/api/fleet/hosts/{quote(host_id, safe='')}"
+        self._token = token
+        self._report = report
+        self.interval = interval
+        self.request_timeout = request_timeout
+        self._wake = asyncio.Event()
+        self._stopped = False
+        self._failing_since: float | None = None
+        self._failed_beats = 0
+        self.beats_sent = 0
+
+    def poke(self) -> None:
+        """Ask for a beat now (safe to call from any code running on the agent's event loop)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """End ``run()`` after the beat in flight, if any; no beat is sent after this."""
+        self._stopped = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        client = AsyncHTTPClient(force_instance=True)
+        try:
+            while not self._stopped:
+                self._wake.clear()
+                await self._beat(client)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.interval)
+        finally:
+            client.close()
+
+    async def _beat(self, client: AsyncHTTPClient) -> None:
+        try:
+            body = json.dumps(self._report())
+        except Exception:
+            log.exception("could not build the host report; skipping this heartbeat")
+            return
+        request = HTTPRequest(
+            self.url,
+            method="PUT",
+            headers={
+                "Authorization": f"token {self._token}",
+                "Content-Type": "application/json",
+            },
+            body=body,
+            connect_timeout=self.request_timeout,
+            request_timeout=self.request_timeout,
+        )
+        try:
+            await client.fetch(request)
+        except HTTPClientError as e:
+            self._failed(_describe_http_error(e))
+        except OSError as e:
+            self._failed(f"{type(e).__name__}: {e}")
+        else:
+            self._succeeded()
+
+    def _failed(self, why: str) -> None:
+        self._failed_beats += 1
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+            log.warning(
+                "cannot reach the gateway at %s (%s); retrying every %.1f s and serving meanwhile",
+                self.url,
+                why,
+                self.interval,
+            )
+        else:
+            log.debug("heartbeat to %s failed again: %s", self.url, why)
+
+    def _succeeded(self) -> None:
+        self.beats_sent += 1
+        if self._failing_since is not None:
+            log.info(
+                "the gateway at %s answers again, after %.1f s and %d failed heartbeat(s)",
+                self.url,
+                time.monotonic() - self._failing_since,
+                self._failed_beats,
+            )
+        elif self.beats_sent == 1:
+            log.info("registered with the gateway at %s", self.url)
+        self._failing_since = None
+        self._failed_beats = 0
+
+
+def _describe_http_error(error: HTTPClientError) -> str:
+    if error.code == 599 or error.response is None:
+        return str(error)
+    try:
+        body = json.loads(error.response.body or b"")
+        return f"HTTP {error.code} {body.get('reason')}: {body.get('message')}"
+    except (ValueError, AttributeError):
+        return f"HTTP {error.code}"

@@ -1,0 +1,583 @@
+"""The replica table: the kernel processes one host agent runs, and their life cycle.
+
+A replica is one ipykernel process launched through ``jupyter_client.AsyncKernelManager`` from a
+kernelspec the host knows. The table is the only owner of those processes: the HTTP handlers
+call ``start`` / ``interrupt`` / ``restart`` / ``stop``, the agent calls ``watch`` (a task that
+notices processes that died on their own) and ``stop_all`` at exit, and reads ``models()`` for
+every heartbeat. Every state change calls ``on_change`` so the agent can heartbeat at once.
+
+Nothing here imports ``tornado.web``: failures are ``kernelfleet.errors`` domain errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+from jupyter_client.manager import AsyncKernelManager
+from traitlets.config import Configurable
+
+from kernelfleet.errors import Conflict, InvalidRequest, KernelDead, KernelStartFailed, NotFound
+
+log = logging.getLogger("kernelfleet.host.replicas")
+
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+LOG_TAIL_LINES = 30
+CONNECTION_KEYS = (
+    "transport",
+    "ip",
+    "shell_port",
+    "iopub_port",
+    "stdin_port",
+    "control_port",
+    "hb_port",
+    "key",
+    "signature_scheme",
+)
+# Never handed to kernels: user code must not be able to drive the host agent.
+SCRUBBED_ENV = frozenset({"KERNELFLEET_TOKEN"})
+
+
+class ReplicaState(enum.Enum):
+    """Where a replica is in its life. ``STOPPED`` replicas are forgotten at once."""
+
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    DEAD = "dead"
+    STOPPED = "stopped"
+
+
+_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
+    ReplicaState.STARTING: frozenset({ReplicaState.READY, ReplicaState.DEAD, ReplicaState.STOPPED}),
+    ReplicaState.READY: frozenset(
+        {ReplicaState.RESTARTING, ReplicaState.DEAD, ReplicaState.STOPPED}
+    ),
+    ReplicaState.RESTARTING: frozenset(
+        {ReplicaState.READY, ReplicaState.DEAD, ReplicaState.STOPPED}
+    ),
+    ReplicaState.DEAD: frozenset({ReplicaState.RESTARTING, ReplicaState.STOPPED}),
+    ReplicaState.STOPPED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A replica was asked to move to a state its current state does not lead to (a bug)."""
+
+
+@dataclass(frozen=True)
+class ReplicaRequest:
+    """What ``POST /api/replicas`` asks for, validated."""
+
+    replica_id: str
+    kernel_id: str
+    kernel_name: str
+    env: dict[str, str] = field(default_factory=dict)
+    launch_timeout: float | None = None
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> ReplicaRequest:
+        """Validate a decoded JSON body; raise ``InvalidRequest`` naming the first bad field."""
+        replica_id = _required_str(body, "replica_id")
+        if not ID_PATTERN.fullmatch(replica_id):
+            raise InvalidRequest(
+                f"'replica_id' must match {ID_PATTERN.pattern} (letters, digits, '.', '_', '-')"
+            )
+        env = body.get("env")
+        if env is None:
+            env = {}
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise InvalidRequest("'env' must be an object of string names to string values")
+        return cls(
+            replica_id=replica_id,
+            kernel_id=_required_str(body, "kernel_id"),
+            kernel_name=_required_str(body, "kernel_name"),
+            env=dict(env),
+            launch_timeout=parse_timeout(body.get("launch_timeout"), "launch_timeout"),
+        )
+
+
+def _required_str(body: Mapping[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value or len(value) > 256:
+        raise InvalidRequest(f"{name!r} is required: a non-empty string of at most 256 characters")
+    return value
+
+
+def parse_timeout(value: Any, name: str) -> float | None:
+    """A positive finite number of seconds, or None; ``InvalidRequest`` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise InvalidRequest(f"{name!r} must be a number of seconds, not {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequest(f"{name!r} must be a number of seconds or null")
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidRequest(f"{name!r} must be a positive number of seconds, not {value}")
+    return float(value)
+
+
+class Replica:
+    """One kernel process and what the fleet knows about it.
+
+    Mutated only by ``ReplicaTable``, under ``lock`` for start/restart/stop.
+    """
+
+    def __init__(
+        self,
+        request: ReplicaRequest,
+        km: AsyncKernelManager,
+        directory: Path,
+        launch_timeout: float,
+    ) -> None:
+        self.id = request.replica_id
+        self.kernel_id = request.kernel_id
+        self.kernel_name = request.kernel_name
+        self.km = km
+        self.directory = directory
+        self.log_path = directory / "kernel.log"
+        self.state = ReplicaState.STARTING
+        self.exit_code: int | None = None
+        self.lock = asyncio.Lock()
+        self.log_file: IO[bytes] | None = None
+        self.launch_timeout = launch_timeout  # the default for restarts
+
+    def open_log(self) -> None:
+        """Open kernel.log for appending (the kernel's stdout and stderr); kept open until stop."""
+        self.log_file = open(self.log_path, "ab")  # noqa: SIM115 (closed by ReplicaTable._discard)
+
+    def move_to(self, state: ReplicaState) -> None:
+        if state not in _TRANSITIONS[self.state]:
+            raise IllegalTransition(
+                f"replica {self.id}: illegal transition {self.state.value} -> {state.value}"
+            )
+        self.state = state
+
+    @property
+    def pid(self) -> int | None:
+        pid = getattr(self.km.provisioner, "pid", None)
+        return pid if isinstance(pid, int) else None
+
+    def connection(self) -> dict[str, Any]:
+        info = self.km.get_connection_info()
+        conn = {key: info.get(key) for key in CONNECTION_KEYS}
+        if isinstance(conn["key"], bytes):
+            conn["key"] = conn["key"].decode()
+        return conn
+
+    def model(self) -> dict[str, Any]:
+        """The JSON replica model of the host agent API."""
+        return {
+            "id": self.id,
+            "kernel_id": self.kernel_id,
+            "kernel_name": self.kernel_name,
+            "pid": self.pid,
+            "state": self.state.value,
+            "exit_code": self.exit_code,
+            "connection": self.connection(),
+        }
+
+    def log_tail(self, offset: int = 0, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines of kernel.log written after byte ``offset``."""
+        try:
+            with open(self.log_path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(offset, size - 64 * 1024))
+                data = f.read()
+        except OSError as e:
+            return f"(kernel.log could not be read: {e})"
+        text = data.decode("utf-8", "replace").splitlines()[-lines:]
+        return "\n".join(text) if text else "(kernel.log is empty)"
+
+
+class ReplicaTable:
+    """The replicas of one host, by replica id.
+
+    ``base_env`` is the environment every kernel inherits (the agent's own, by default) before
+    the request's ``env`` and the ``KERNELFLEET_KERNEL_ID`` / ``KERNELFLEET_REPLICA_ID`` variables
+    are laid over it. ``config_parent`` (the agent application) lets the agent's configuration
+    reach ``KernelManager`` and the kernel provisioners.
+    """
+
+    def __init__(
+        self,
+        *,
+        state_dir: Path,
+        kernel_spec_manager: KernelSpecManager,
+        root_dir: Path,
+        kernel_ip: str = "127.0.0.1",
+        launch_timeout: float = 40.0,
+        stop_timeout: float = 3.0,
+        poll_interval: float = 0.5,
+        base_env: Mapping[str, str] | None = None,
+        on_change: Callable[[], None] = lambda: None,
+        config_parent: Configurable | None = None,
+    ) -> None:
+        self.replicas_dir = state_dir / "replicas"
+        self.kernel_spec_manager = kernel_spec_manager
+        self.root_dir = root_dir
+        self.kernel_ip = kernel_ip
+        self.launch_timeout = launch_timeout
+        self.stop_timeout = stop_timeout
+        self.poll_interval = poll_interval
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.on_change = on_change
+        self.config_parent = config_parent
+        self._replicas: dict[str, Replica] = {}
+        self._closing = False
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def get(self, replica_id: str) -> Replica:
+        try:
+            return self._replicas[replica_id]
+        except KeyError:
+            raise NotFound(f"no replica with id {replica_id!r} on this host") from None
+
+    def all(self) -> list[Replica]:
+        return sorted(self._replicas.values(), key=lambda r: r.id)
+
+    def models(self) -> list[dict[str, Any]]:
+        return [r.model() for r in self.all()]
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    async def start(self, request: ReplicaRequest) -> Replica:
+        """Launch a replica and return it once it answered ``kernel_info``.
+
+        Raises ``NotFound`` (unknown kernelspec; the message lists the known ones), ``Conflict``
+        (the replica id is in use, or the agent is shutting down), ``InvalidRequest`` (a bad
+        ``KERNEL_LAUNCH_TIMEOUT``) or ``KernelStartFailed`` (the process exited, or stayed silent
+        past the launch timeout; the message holds the tail of its kernel.log). A replica that
+        failed to start is forgotten; its kernel.log stays on disk.
+        """
+        self._check_not_closing()
+        if request.replica_id in self._replicas:
+            raise Conflict(f"a replica with id {request.replica_id!r} already exists on this host")
+        self._check_kernelspec(request.kernel_name)
+        timeout = self._launch_timeout_for(request)
+        directory = self.replicas_dir / request.replica_id
+        directory.mkdir(parents=True, exist_ok=True)
+        km = AsyncKernelManager(
+            parent=self.config_parent,
+            kernel_name=request.kernel_name,
+            kernel_spec_manager=self.kernel_spec_manager,
+            ip=self.kernel_ip,
+            connection_file=str(directory / "connection.json"),
+            shutdown_wait_time=self.stop_timeout,
+        )
+        replica = Replica(request, km, directory, timeout)
+        self._replicas[replica.id] = replica
+        self._changed()
+        async with replica.lock:
+            try:
+                replica.open_log()
+                launch_args = {
+                    "env": self._kernel_env(request),
+                    "cwd": str(self._kernel_cwd(request)),
+                    "stdout": replica.log_file,
+                    "stderr": replica.log_file,
+                }
+                await self._launch(replica, timeout, lambda: km.start_kernel(**launch_args))
+                self._check_not_closing()
+            except BaseException:
+                if self._replicas.get(replica.id) is replica:
+                    del self._replicas[replica.id]
+                await self._discard(replica)
+                raise
+            self._set_state(replica, ReplicaState.READY)
+        return replica
+
+    async def interrupt(self, replica_id: str) -> None:
+        """Interrupt the replica's current cell (signal or message, as its kernelspec says)."""
+        replica = self.get(replica_id)
+        if replica.state is ReplicaState.DEAD:
+            raise KernelDead(f"replica {replica_id} is dead (exit code {replica.exit_code})")
+        if replica.state is not ReplicaState.READY:
+            raise Conflict(f"replica {replica_id} is {replica.state.value}; try again when ready")
+        await replica.km.interrupt_kernel()
+        log.info("replica %s interrupted", replica_id)
+
+    async def restart(self, replica_id: str, launch_timeout: float | None = None) -> Replica:
+        """Restart the replica's process (same id, same ports, new pid, empty namespace).
+
+        Works on a ready or a dead replica; returns once the new process answered ``kernel_info``.
+        If the new process fails, the replica is left ``dead`` and ``KernelStartFailed`` raised.
+        """
+        replica = self.get(replica_id)
+        async with replica.lock:
+            if self._replicas.get(replica_id) is not replica:
+                raise NotFound(f"no replica with id {replica_id!r} on this host")
+            was_dead = replica.state is ReplicaState.DEAD
+            self._set_state(replica, ReplicaState.RESTARTING)
+            replica.exit_code = None
+            timeout = launch_timeout or replica.launch_timeout
+            try:
+                await self._launch(
+                    replica,
+                    timeout,
+                    lambda: replica.km.restart_kernel(now=was_dead, newports=False),
+                )
+                self._check_not_closing()
+            except BaseException:
+                if self._closing:
+                    await self._discard(replica)
+                raise
+            self._set_state(replica, ReplicaState.READY)
+        return replica
+
+    async def stop(self, replica_id: str) -> None:
+        """Shut the replica down (shutdown request, SIGTERM, then SIGKILL) and forget it.
+
+        Waits for a start or restart of the same replica in progress to finish first.
+        """
+        replica = self.get(replica_id)
+        async with replica.lock:
+            if self._replicas.pop(replica_id, None) is not replica:
+                raise NotFound(f"no replica with id {replica_id!r} on this host")
+            await self._discard(replica)
+
+    async def stop_all(self, grace: float) -> None:
+        """Stop every replica within about ``grace`` seconds in all; kill what is left.
+
+        Called once, when the agent exits. Starts and restarts still in progress notice it when
+        their launch returns and kill their process; later ``start`` calls raise ``Conflict``.
+        """
+        self._closing = True
+        replicas = list(self._replicas.values())
+        self._replicas.clear()
+        if not replicas:
+            return
+        log.info("stopping %d replica(s)", len(replicas))
+        # Replicas in the middle of a start or restart are left to it: it sees _closing and
+        # discards its process when its launch returns.
+        idle = [r for r in replicas if not r.lock.locked()]
+        for replica in idle:
+            replica.km.shutdown_wait_time = max(0.2, min(self.stop_timeout, grace - 1.0))
+        if idle:
+            discards = [asyncio.ensure_future(self._discard(r)) for r in idle]
+            _done, pending = await asyncio.wait(discards, timeout=grace)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        for replica in idle:
+            await _kill_quietly(replica)  # whatever a cancelled shutdown left running
+
+    async def watch(self) -> None:
+        """Check ready replicas every ``poll_interval`` s, marking dead ones, until cancelled."""
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            for replica in list(self._replicas.values()):
+                if replica.state is not ReplicaState.READY or replica.lock.locked():
+                    continue
+                try:
+                    await self._check_alive(replica)
+                except Exception:
+                    log.exception("replica %s: liveness check failed", replica.id)
+
+    async def _check_alive(self, replica: Replica) -> None:
+        exit_code = await _exit_code(replica.km)
+        if exit_code is not None and replica.state is ReplicaState.READY:
+            replica.exit_code = exit_code
+            self._set_state(replica, ReplicaState.DEAD)
+            log.warning(
+                "replica %s (kernel %s) died with exit code %s; see %s",
+                replica.id,
+                replica.kernel_id,
+                exit_code,
+                replica.log_path,
+            )
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _changed(self) -> None:
+        try:
+            self.on_change()
+        except Exception:
+            log.exception("the replica change callback failed")
+
+    def _set_state(self, replica: Replica, state: ReplicaState) -> None:
+        replica.move_to(state)
+        self._changed()
+
+    def _check_kernelspec(self, name: str) -> None:
+        try:
+            self.kernel_spec_manager.get_kernel_spec(name)
+        except NoSuchKernel:
+            known = ", ".join(sorted(self.kernel_spec_manager.find_kernel_specs())) or "(none)"
+            raise NotFound(
+                f"no kernelspec named {name!r} on this host; known kernelspecs: {known}"
+            ) from None
+
+    def _launch_timeout_for(self, request: ReplicaRequest) -> float:
+        if request.launch_timeout is not None:
+            return request.launch_timeout
+        from_env = parse_timeout(request.env.get("KERNEL_LAUNCH_TIMEOUT"), "KERNEL_LAUNCH_TIMEOUT")
+        return from_env if from_env is not None else self.launch_timeout
+
+    def _kernel_env(self, request: ReplicaRequest) -> dict[str, str]:
+        env = {k: v for k, v in self.base_env.items() if k not in SCRUBBED_ENV}
+        env.update(request.env)
+        env["KERNELFLEET_KERNEL_ID"] = request.kernel_id
+        env["KERNELFLEET_REPLICA_ID"] = request.replica_id
+        return env
+
+    def _kernel_cwd(self, request: ReplicaRequest) -> Path:
+        wanted = request.env.get("KERNEL_WORKING_DIR")
+        if wanted:
+            if Path(wanted).is_dir():
+                return Path(wanted)
+            log.info(
+                "replica %s: KERNEL_WORKING_DIR %r is not a directory here; using %s",
+                request.replica_id,
+                wanted,
+                self.root_dir,
+            )
+        return self.root_dir
+
+    async def _launch(
+        self, replica: Replica, ready_within: float, launch: Callable[[], Any]
+    ) -> None:
+        """Run ``launch`` (start or restart the process), then wait until the kernel is ready.
+
+        On failure the process is killed, the replica is left ``dead`` (for the caller to forget
+        or keep) and ``KernelStartFailed`` carries the kernel.log lines written by this attempt.
+        """
+        assert replica.log_file is not None
+        replica.log_file.write(
+            f"--- kernelfleet: launching replica {replica.id} at {time.ctime()}\n".encode()
+        )
+        replica.log_file.flush()
+        offset = replica.log_file.tell()
+        started = time.monotonic()
+        try:
+            await launch()
+            await _wait_ready(replica.km, ready_within)
+        except _StartError as e:
+            problem = str(e)
+        except Exception as e:  # the launch itself failed: missing executable, bad argv, ...
+            problem = f"could not be launched: {e}"
+        else:
+            log.info(
+                "replica %s (kernel %s, %s) ready in %.2f s, pid %s",
+                replica.id,
+                replica.kernel_id,
+                replica.kernel_name,
+                time.monotonic() - started,
+                replica.pid,
+            )
+            return
+        replica.exit_code = await _kill_quietly(replica)
+        self._set_state(replica, ReplicaState.DEAD)
+        message = (
+            f"kernel {replica.kernel_name!r} for replica {replica.id} {problem}; "
+            f"last lines of {replica.log_path}:\n{replica.log_tail(offset)}"
+        )
+        log.warning("%s", message)
+        raise KernelStartFailed(message)
+
+    async def _discard(self, replica: Replica) -> None:
+        """Stop the replica's process (gracefully if it still runs, within about
+        ``stop_timeout``; killed otherwise), release its ports and connection file, close its
+        log, and report the change. The caller has already removed it from the table. Never
+        raises."""
+        if replica.state is not ReplicaState.STOPPED:
+            replica.move_to(ReplicaState.STOPPED)
+        km = replica.km
+        try:
+            if await km.is_alive():
+                await km.shutdown_kernel(now=False)  # shutdown request, SIGTERM, SIGKILL; cleanup
+                log.info("replica %s stopped", replica.id)
+            else:
+                await _kill_quietly(replica)
+                await km.cleanup_resources()
+        except Exception:
+            log.exception("replica %s: shutdown failed; killing it", replica.id)
+            await _kill_quietly(replica)
+        if replica.log_file is not None:
+            replica.log_file.close()
+            replica.log_file = None
+        self._changed()
+
+    def _check_not_closing(self) -> None:
+        if self._closing:
+            raise Conflict("this host agent is shutting down")
+
+
+class _StartError(Exception):
+    """Internal: why a kernel did not become ready (turned into ``KernelStartFailed``)."""
+
+
+async def _exit_code(km: AsyncKernelManager) -> int | None:
+    """The process's exit code, or None while it runs (or if it was never launched)."""
+    provisioner = km.provisioner
+    if provisioner is None or not provisioner.has_process:
+        return None
+    code = await provisioner.poll()
+    return code if isinstance(code, int) else None
+
+
+async def _wait_exit(km: AsyncKernelManager, interval: float = 0.05) -> int | None:
+    while True:
+        code = await _exit_code(km)
+        if code is not None:
+            return code
+        await asyncio.sleep(interval)
+
+
+async def _wait_ready(km: AsyncKernelManager, ready_within: float) -> None:
+    """Return once the kernel answered ``kernel_info``; raise ``_StartError`` as soon as the
+    process exits, or when ``ready_within`` seconds pass."""
+    kc = km.client()
+    kc.start_channels()
+    ready = asyncio.ensure_future(kc.wait_for_ready(timeout=ready_within + 1))
+    exited = asyncio.ensure_future(_wait_exit(km))
+    try:
+        done, _ = await asyncio.wait(
+            {ready, exited}, timeout=ready_within, return_when=asyncio.FIRST_COMPLETED
+        )
+        if ready in done and ready.exception() is None:
+            return
+        code = await _exit_code(km)
+        if code is not None:
+            raise _StartError(f"exited with code {code} before it was ready")
+        if ready in done:
+            raise _StartError(f"did not become ready: {ready.exception()}")
+        raise _StartError(f"did not answer kernel_info within {ready_within:g} s")
+    finally:
+        for task in (ready, exited):
+            task.cancel()
+        await asyncio.gather(ready, exited, return_exceptions=True)
+        kc.stop_channels()
+
+
+async def _kill_quietly(replica: Replica) -> int | None:
+    """SIGKILL the replica's process group if it still runs and reap it; return its exit code
+    (None if there was no process). Leaves ports and the connection file alone, so a later
+    restart can reuse them. Never raises."""
+    provisioner = replica.km.provisioner
+    if provisioner is None or not provisioner.has_process:
+        return None
+    try:
+        if await provisioner.poll() is None:
+            await provisioner.kill()
+        code = await asyncio.wait_for(provisioner.wait(), timeout=5.0)
+        return code if isinstance(code, int) else None
+    except Exception:
+        log.exception("replica %s: could not kill its process", replica.id)
+        return None
