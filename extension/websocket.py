@@ -47,8 +47,10 @@ class FleetGatewayWebSocketConnection(GatewayWebSocketConnection):
         client = GatewayClient.instance()
         if self.disconnected or self.retry >= client.gateway_retry_max:
             return
-        delay = min(client.gateway_retry_interval * 2**self.retry, client.gateway_retry_interval_max)
-        delay += random.uniform(0.1, 1.0)  # noqa: S311 - jitter, not security
+        delay = min(
+            client.gateway_retry_interval * 2**self.retry, client.gateway_retry_interval_max
+        )
+        delay += random.uniform(0.1, 1.0)
         self.retry += 1
         self.log.info(
             "Reconnecting to the gateway in %.1f s (%d/%d): kernel %s",
@@ -63,7 +65,9 @@ class FleetGatewayWebSocketConnection(GatewayWebSocketConnection):
     def handle_outgoing_message(self, incoming_msg: str | bytes, *args: Any) -> None:
         """Send a gateway frame to the notebook client, binary if it came binary."""
         try:
-            self.websocket_handler.write_message(incoming_msg, binary=isinstance(incoming_msg, bytes))
+            self.websocket_handler.write_message(
+                incoming_msg, binary=isinstance(incoming_msg, bytes)
+            )
         except WebSocketClosedError:
             self.log.debug("The notebook client closed its websocket; a message was dropped")
 

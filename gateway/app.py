@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import cast
 
 import tornado.httpserver
 import tornado.netutil
@@ -43,22 +44,35 @@ class GatewayApp(Application):
         "log-level": "Application.log_level",
     }
 
-    ip = Unicode("127.0.0.1", config=True, help="Address to listen on (loopback unless configured).")
+    hosts: HostRegistry
+    kernels: KernelService
+    kernelspecs: KernelSpecCatalog
+
+    ip = Unicode(
+        "127.0.0.1", config=True, help="Address to listen on (loopback unless configured)."
+    )
     port = Int(8765, config=True, help="Port to listen on (0 picks a free one).")
     token = Unicode(
         config=True,
         help="Token every request must present. Default: $KERNELFLEET_TOKEN, else a random one.",
     )
     state_dir = Unicode(
-        config=True, help="Folder for the gateway's state. Default: $KERNELFLEET_STATE_DIR, else ./.kernelfleet/gateway."
+        config=True,
+        help="Gateway state folder. Default: $KERNELFLEET_STATE_DIR, else .kernelfleet/gateway.",
     )
-    policy = Unicode("notebookos", config=True, help="Scheduling policy (entry point in kernelfleet.policies).")
-    default_kernel_name = Unicode("python3", config=True, help="Kernelspec used when a request names none.")
-    allowed_kernelspecs = List(Unicode(), config=True, help="Kernelspecs offered (empty: every installed one).")
+    policy = Unicode(
+        "notebookos", config=True, help="Scheduling policy (entry point in kernelfleet.policies)."
+    )
+    default_kernel_name = Unicode(
+        "python3", config=True, help="Kernelspec used when a request names none."
+    )
+    allowed_kernelspecs = List(
+        Unicode(), config=True, help="Kernelspecs offered (empty: every installed one)."
+    )
     allowed_env = List(
         Unicode(),
         config=True,
-        help="Variables a kernel-create request may set besides KERNEL_* ones (others are dropped).",
+        help="Variables a kernel-create request may set besides KERNEL_* (others are dropped).",
     )
     launch_timeout = Float(40.0, config=True, help="Seconds a kernel may take to start.")
     heartbeat_timeout = Float(
@@ -97,8 +111,9 @@ class GatewayApp(Application):
         self.init_webapp()
 
     def init_logging(self) -> None:
-        logging.basicConfig(level=self.log_level, format=LOG_FORMAT)
-        logging.getLogger("kernelfleet").setLevel(self.log_level)
+        level = cast(int, self.log_level)
+        logging.basicConfig(level=level, format=LOG_FORMAT)
+        logging.getLogger("kernelfleet").setLevel(level)
 
     def init_state_dir(self) -> None:
         Path(self.state_dir).mkdir(parents=True, exist_ok=True)

@@ -134,7 +134,9 @@ class KernelLink:
 
     async def _pump_iopub(self) -> None:
         assert self._iopub is not None
-        async for message in _verified_messages(self._iopub, self._session, self.kernel_id, "iopub"):
+        async for message in _verified_messages(
+            self._iopub, self._session, self.kernel_id, "iopub"
+        ):
             self._first_iopub.set()
             self._on_iopub(message)
             self.broadcast("iopub", message)
@@ -180,7 +182,9 @@ class ClientLink:
             self.deliver(channel, message)
 
 
-async def _verified_messages(socket: zmq.asyncio.Socket, session: Session, kernel_id: str, channel: str):
+async def _verified_messages(
+    socket: zmq.asyncio.Socket, session: Session, kernel_id: str, channel: str
+):
     """Yield each message that arrives on `socket` and passes its HMAC check; log the others."""
     while True:
         try:
@@ -190,6 +194,8 @@ async def _verified_messages(socket: zmq.asyncio.Socket, session: Session, kerne
         try:
             message = parse_kernel_frames(frames, session.auth)
         except InvalidRequest as e:
-            log.error("kernel %s sent an invalid message on %s (%s): %s", kernel_id, channel, e.reason, e)
+            log.error(
+                "kernel %s sent an invalid message on %s (%s): %s", kernel_id, channel, e.reason, e
+            )
             continue
         yield message

@@ -12,6 +12,7 @@ so a large output costs one copy, not a parse and a dump.
 from __future__ import annotations
 
 import hmac
+import itertools
 import json
 import struct
 from dataclasses import dataclass, field
@@ -63,10 +64,11 @@ def parse_client_frame(frame: str | bytes) -> ClientMessage:
         raise MalformedFrame(f"the frame is not valid JSON: {e}") from None
     if not isinstance(msg, dict):
         raise MalformedFrame("the frame must hold a JSON object")
-    channel = msg.pop("channel", None)
+    # jupyter_server's own gateway client sends no channel; its servers read that as shell.
+    channel = msg.pop("channel", None) or "shell"
     if channel not in CLIENT_CHANNELS:
         raise MalformedFrame(
-            f"unknown or missing channel {channel!r}; a client sends on shell, control or stdin"
+            f"unknown channel {channel!r}; a client sends on shell, control or stdin"
         )
     for key in _REQUIRED_DICTS:
         value = msg.setdefault(key, {})
@@ -90,16 +92,20 @@ def _split_binary_frame(frame: bytes) -> tuple[bytes, list[bytes]]:
     (count,) = struct.unpack_from("!I", frame, 0)
     header_end = 4 * (count + 1)
     if count < 1 or header_end > len(frame):
-        raise MalformedFrame(f"a binary frame declares {count} parts but is {len(frame)} bytes long")
+        raise MalformedFrame(
+            f"a binary frame declares {count} parts but is {len(frame)} bytes long"
+        )
     offsets = list(struct.unpack_from(f"!{count}I", frame, 4))
     bounds = [*offsets, len(frame)]
-    if offsets[0] != header_end or any(a > b for a, b in zip(bounds, bounds[1:], strict=False)):
+    if offsets[0] != header_end or any(a > b for a, b in itertools.pairwise(bounds)):
         raise MalformedFrame(f"a binary frame has inconsistent offsets {offsets}")
-    parts = [frame[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    parts = [frame[a:b] for a, b in itertools.pairwise(bounds)]
     return parts[0], parts[1:]
 
 
-def client_frame(msg: dict[str, Any], channel: str, buffers: list[bytes] | None = None) -> str | bytes:
+def client_frame(
+    msg: dict[str, Any], channel: str, buffers: list[bytes] | None = None
+) -> str | bytes:
     """Encode a message for a websocket client (the inverse of `parse_client_frame`)."""
     body = {key: msg.get(key, {}) for key in _REQUIRED_DICTS}
     body["channel"] = channel
@@ -133,10 +139,16 @@ class KernelMessage:
         return str(self.header.get("msg_type", ""))
 
     def to_client_frame(self, channel: str) -> str | bytes:
-        """The websocket frame for this message, spliced from the raw parts."""
+        """The websocket frame for this message, spliced from the raw parts.
+
+        Like jupyter_server's frames it repeats ``msg_id`` and ``msg_type`` at the top level,
+        which jupyter_server's own gateway client reads.
+        """
+        ids = json.dumps({"msg_id": self.header.get("msg_id"), "msg_type": self.msg_type})
         json_part = b"".join(
             [
-                b'{"header":',
+                ids[:-1].encode(),
+                b',"header":',
                 self.raw_header,
                 b',"parent_header":',
                 self.raw_parent_header,
@@ -165,7 +177,9 @@ def parse_kernel_frames(frames: list[bytes], signer: hmac.HMAC | None) -> Kernel
     except ValueError:
         raise MalformedFrame("a kernel message without the <IDS|MSG> delimiter") from None
     if len(frames) - start < 5:
-        raise MalformedFrame(f"a kernel message with {len(frames) - start} parts (at least 5 needed)")
+        raise MalformedFrame(
+            f"a kernel message with {len(frames) - start} parts (at least 5 needed)"
+        )
     signature, header, parent, metadata, content = frames[start : start + 5]
     if signer is not None:
         check = signer.copy()

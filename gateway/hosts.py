@@ -44,7 +44,9 @@ class HostRecord:
 
     def move_to(self, state: HostState) -> None:
         if state not in _HOST_TRANSITIONS[self.state]:
-            raise RuntimeError(f"host {self.id}: illegal transition {self.state.value} -> {state.value}")
+            raise RuntimeError(
+                f"host {self.id}: illegal transition {self.state.value} -> {state.value}"
+            )
         self.state = state
 
     @property
@@ -74,7 +76,9 @@ class HostRegistry:
         if not isinstance(address, str) or not address.startswith(("http://", "https://")):
             raise InvalidRequest("a host report needs 'address', the agent's http(s) URL")
         if body.get("id", host_id) != host_id:
-            raise InvalidRequest(f"the report names host {body.get('id')!r} but was sent for {host_id!r}")
+            raise InvalidRequest(
+                f"the report names host {body.get('id')!r} but was sent for {host_id!r}"
+            )
         gpus, replicas = body.get("gpus", []), body.get("replicas", [])
         if not isinstance(gpus, list) or not isinstance(replicas, list):
             raise InvalidRequest("'gpus' and 'replicas' must be lists")
@@ -82,7 +86,9 @@ class HostRegistry:
         if host is None or host.address != address:
             if host is not None:
                 host.client.close()
-            host = HostRecord(id=host_id, address=address, client=HostAgentClient(address, self._token))
+            host = HostRecord(
+                id=host_id, address=address, client=HostAgentClient(address, self._token)
+            )
             self._hosts[host_id] = host
             log.info("host %s registered at %s with %d GPU(s)", host_id, address, len(gpus))
         elif not host.alive:
@@ -99,7 +105,9 @@ class HostRegistry:
             if host.alive and now - host.last_seen > self._heartbeat_timeout:
                 host.move_to(HostState.LOST)
                 log.error(
-                    "host %s missed its heartbeats for %.1f s: marked lost", host.id, now - host.last_seen
+                    "host %s missed its heartbeats for %.1f s: marked lost",
+                    host.id,
+                    now - host.last_seen,
                 )
                 self._on_lost(host)
                 lost.append(host)

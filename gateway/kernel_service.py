@@ -135,7 +135,9 @@ class KernelService:
             for replica in kernel.replicas:
                 if replica.state != "dead":
                     replicas_on[replica.host_id] = replicas_on.get(replica.host_id, 0) + 1
-                    subscribed_on[replica.host_id] = subscribed_on.get(replica.host_id, 0) + kernel.gpus
+                    subscribed_on[replica.host_id] = (
+                        subscribed_on.get(replica.host_id, 0) + kernel.gpus
+                    )
         hosts = tuple(
             HostSnapshot(
                 id=host.id,
@@ -191,7 +193,9 @@ class KernelService:
         for index, replica in enumerate(list(kernel.replicas)):
             host = self._hosts.get(replica.host_id)
             if host.alive:
-                model = await host.client.restart_replica(replica.id, launch_timeout=self._launch_timeout)
+                model = await host.client.restart_replica(
+                    replica.id, launch_timeout=self._launch_timeout
+                )
                 replica.update(model)
                 replica.connection = ConnectionInfo.from_dict(model["connection"])
             else:
@@ -212,7 +216,9 @@ class KernelService:
         log.info("kernel %s shut down", kernel_id)
 
     async def shutdown_all(self) -> None:
-        await asyncio.gather(*(self.shutdown(k) for k in list(self._kernels)), return_exceptions=True)
+        await asyncio.gather(
+            *(self.shutdown(k) for k in list(self._kernels)), return_exceptions=True
+        )
         self._context.term()
 
     def attach(self, kernel_id: str, session_id: str, deliver: Deliver) -> ClientLink:
@@ -233,7 +239,9 @@ class KernelService:
                     was_dead = replica.state == "dead"
                     replica.update(model)
                     if replica.state == "dead" and not was_dead:
-                        self._replica_died(kernel, replica, f"its process exited ({model.get('exit_code')})")
+                        self._replica_died(
+                            kernel, replica, f"its process exited ({model.get('exit_code')})"
+                        )
 
     def on_host_lost(self, host: HostRecord) -> None:
         for kernel in self._kernels.values():
@@ -273,14 +281,18 @@ class KernelService:
             now=snapshot.now,
         )
         placement = self._policy.place(candidates, PlacementRequest(kernel.id, replicas=1))
-        log.warning("kernel %s: replacing replica %s of lost host %s", kernel.id, lost.id, lost.host_id)
+        log.warning(
+            "kernel %s: replacing replica %s of lost host %s", kernel.id, lost.id, lost.host_id
+        )
         return await self._launch_replica(kernel, placement.host_ids[0])
 
     async def _link(self, kernel: KernelRecord) -> None:
         if kernel.link is not None:
             kernel.link.close()
         replica = self._live_replica(kernel)
-        link = KernelLink(kernel.id, replica.connection, self._context, lambda m: self._on_iopub(kernel, m))
+        link = KernelLink(
+            kernel.id, replica.connection, self._context, lambda m: self._on_iopub(kernel, m)
+        )
         kernel.link = link
         await link.start(timeout=self._launch_timeout)
         kernel.execution_state = "idle"
@@ -302,7 +314,9 @@ class KernelService:
         raise KernelDead(f"kernel {kernel.id} is dead: restart it or shut it down")
 
     def _replica_died(self, kernel: KernelRecord, replica: ReplicaRecord, why: str) -> None:
-        log.error("kernel %s: replica %s on %s died: %s", kernel.id, replica.id, replica.host_id, why)
+        log.error(
+            "kernel %s: replica %s on %s died: %s", kernel.id, replica.id, replica.host_id, why
+        )
         if kernel.dead:
             kernel.execution_state = "dead"
             self._announce(kernel, "dead")

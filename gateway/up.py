@@ -7,6 +7,7 @@ the gateway, then the hosts (which stop their kernels), then kills whatever is l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from traitlets import Float, Int, TraitError, Unicode, default, validate
 from traitlets.config import Application
@@ -40,14 +42,19 @@ class UpApp(Application):
 
     ip = Unicode("127.0.0.1", config=True, help="Address the gateway listens on.")
     port = Int(8765, config=True, help="Port the gateway listens on.")
-    token = Unicode(config=True, help="Token for every request. Default: $KERNELFLEET_TOKEN, else random.")
+    token = Unicode(
+        config=True, help="Token for every request. Default: $KERNELFLEET_TOKEN, else random."
+    )
     hosts = Int(3, config=True, help="Number of local host agents.")
     gpus_per_host = Int(2, config=True, help="Virtual GPUs per host agent.")
     state_dir = Unicode(
-        config=True, help="Folder for state and logs. Default: $KERNELFLEET_STATE_DIR, else ./.kernelfleet."
+        config=True,
+        help="Folder for state and logs. Default: $KERNELFLEET_STATE_DIR, else ./.kernelfleet.",
     )
     start_timeout = Float(60.0, config=True, help="Seconds to wait for the platform to answer.")
-    stop_timeout = Float(5.0, config=True, help="Seconds each stage of shutdown may take before kill.")
+    stop_timeout = Float(
+        5.0, config=True, help="Seconds each stage of shutdown may take before kill."
+    )
 
     @default("token")
     def _default_token(self) -> str:
@@ -72,7 +79,15 @@ class UpApp(Application):
         self.logs.mkdir(parents=True, exist_ok=True)
         self.gateway = self._spawn(
             "gateway",
-            ["gateway", "--ip", self.ip, "--port", str(self.port), "--state-dir", f"{self.state_dir}/gateway"],
+            [
+                "gateway",
+                "--ip",
+                self.ip,
+                "--port",
+                str(self.port),
+                "--state-dir",
+                f"{self.state_dir}/gateway",
+            ],
         )
         self.agents = [
             self._spawn(
@@ -127,8 +142,10 @@ class UpApp(Application):
                 self._fail(f"the platform did not come up within {self.start_timeout:.0f} s")
             time.sleep(0.1)
 
-    def _get(self, path: str) -> object:
-        request = urllib.request.Request(self.url + path, headers={"Authorization": f"token {self.token}"})
+    def _get(self, path: str) -> Any:
+        request = urllib.request.Request(
+            self.url + path, headers={"Authorization": f"token {self.token}"}
+        )
         with urllib.request.urlopen(request, timeout=2) as response:
             return json.loads(response.read())
 
@@ -153,13 +170,9 @@ class UpApp(Application):
                     process.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + self.stop_timeout
             for process in group:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
         for process in [self.gateway, *self.agents]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             process.wait()

@@ -11,7 +11,8 @@ from pathlib import Path
 __version__ = "0.1.0"
 
 _checkout_root = Path(__file__).resolve().parent.parent
-if not (Path(__file__).resolve().parent / "gateway").is_dir() and (
-    _checkout_root / "gateway" / "__init__.py"
-).is_file():
+if (
+    not (Path(__file__).resolve().parent / "gateway").is_dir()
+    and (_checkout_root / "gateway" / "__init__.py").is_file()
+):
     __path__.append(str(_checkout_root))

@@ -45,7 +45,7 @@ class NoCapacity(FleetError):
 
 
 class KernelStartFailed(FleetError):
-    """A kernel process exited or stayed silent while starting; the message holds its stderr tail."""
+    """A kernel exited or stayed silent while starting; the message holds its stderr tail."""
 
     reason = "kernel-start-failed"
 

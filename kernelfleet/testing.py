@@ -1,4 +1,4 @@
-"""kernelfleet's pytest plugin: real gateway and host-agent processes, and a websocket kernel client.
+"""kernelfleet's pytest plugin: real gateway and host-agent processes, and a kernel client.
 
 Enable with ``pytest_plugins = ["kernelfleet.testing"]``. Fixtures are factories:
 ``fleet_factory(hosts=3, gpus=2, env=...)`` starts a gateway and host agents as subprocesses on
@@ -30,7 +30,9 @@ TOKEN = "test-token-0123456789abcdef"
 _LISTENING = re.compile(r"gateway listening on (http://\S+)")
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+def wait_for(
+    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05
+) -> Any:
     """Poll `predicate` until it returns something truthy; fail the test after `timeout` s."""
     deadline = time.monotonic() + timeout
     while True:
@@ -60,13 +62,24 @@ class Fleet:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **self.env, "KERNELFLEET_TOKEN": self.token, "PYTHONUNBUFFERED": "1"},
+            env={
+                **os.environ,
+                **self.env,
+                "KERNELFLEET_TOKEN": self.token,
+                "PYTHONUNBUFFERED": "1",
+            },
             start_new_session=True,
         )
 
     def start_gateway(self, *args: str) -> None:
         self.gateway = self.spawn(
-            "gateway", "gateway", "--port", "0", "--state-dir", str(self.state_dir / "gateway"), *args
+            "gateway",
+            "gateway",
+            "--port",
+            "0",
+            "--state-dir",
+            str(self.state_dir / "gateway"),
+            *args,
         )
         match = wait_for(lambda: self._poll_log("gateway", _LISTENING), 30, "the gateway to listen")
         self.url = match.group(1)
@@ -123,7 +136,10 @@ class Fleet:
         return self.api("POST", "/api/kernels", {"name": name, "env": env or {}}, expect=201)["id"]
 
     def ws_url(self, kernel_id: str, session_id: str = "test") -> str:
-        return self.url.replace("http", "ws", 1) + f"/api/kernels/{kernel_id}/channels?session_id={session_id}"
+        return (
+            self.url.replace("http", "ws", 1)
+            + f"/api/kernels/{kernel_id}/channels?session_id={session_id}"
+        )
 
     async def connect(self, kernel_id: str, token: str | None = None) -> KernelWebsocket:
         """A websocket kernel client straight to the gateway (no jupyter_server in between)."""
@@ -155,7 +171,11 @@ class Fleet:
 
 
 def start_fleet(
-    state_dir: Path, hosts: int = 3, gpus: int = 2, env: dict[str, str] | None = None, token: str = TOKEN
+    state_dir: Path,
+    hosts: int = 3,
+    gpus: int = 2,
+    env: dict[str, str] | None = None,
+    token: str = TOKEN,
 ) -> Fleet:
     state_dir.mkdir(parents=True, exist_ok=True)
     fleet = Fleet(state_dir=state_dir, token=token, env=env or {})
@@ -220,8 +240,14 @@ class KernelWebsocket:
         self.session = Session(username="test")
         self.unclaimed: list[dict[str, Any]] = []
 
-    def send(self, msg_type: str, content: dict[str, Any], channel: str = "shell",
-             buffers: list[bytes] | None = None, metadata: dict[str, Any] | None = None) -> str:  # fmt: skip
+    def send(
+        self,
+        msg_type: str,
+        content: dict[str, Any],
+        channel: str = "shell",
+        buffers: list[bytes] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> str:
         from jupyter_server.services.kernels.connection.base import serialize_binary_message
 
         msg = self.session.msg(msg_type, content=content, metadata=metadata or {})
@@ -244,8 +270,15 @@ class KernelWebsocket:
             return deserialize_binary_message(frame)
         return json.loads(frame)
 
-    async def request(self, msg_type: str, content: dict[str, Any], timeout: float = 30,
-                      channel: str = "shell", expect_reply: bool = True, **kwargs: Any) -> Reply:  # fmt: skip
+    async def request(
+        self,
+        msg_type: str,
+        content: dict[str, Any],
+        timeout: float = 30,
+        channel: str = "shell",
+        expect_reply: bool = True,
+        **kwargs: Any,
+    ) -> Reply:
         """Send a message; wait for its reply (unless it has none, as ``comm_msg``) and for the
         kernel to go idle after it."""
         msg_id = self.send(msg_type, content, channel=channel, **kwargs)
@@ -260,7 +293,10 @@ class KernelWebsocket:
                 continue
             if msg["channel"] == "iopub":
                 iopub.append(msg)
-                if msg["header"]["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                if (
+                    msg["header"]["msg_type"] == "status"
+                    and msg["content"]["execution_state"] == "idle"
+                ):
                     idle = True
             elif msg["channel"] == channel:
                 reply = msg["content"]

@@ -38,7 +38,12 @@ STATUS_FOR_ERROR: dict[type[FleetError], int] = {
     KernelDead: 409,
 }
 
-REASON_FOR_STATUS = {401: "unauthorized", 403: "forbidden", 404: "not-found", 405: "method-not-allowed"}
+REASON_FOR_STATUS = {
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not-found",
+    405: "method-not-allowed",
+}
 
 
 def new_token() -> str:

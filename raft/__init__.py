@@ -1,1 +1,1 @@
-"""Replication over pysyncobj: a typed replicated log per kernel (arrives with replicated kernels)."""
+"""Replication over pysyncobj: a typed replicated log per kernel (comes with replicated kernels)."""

@@ -1,7 +1,12 @@
 """The gateway's HTTP and websocket endpoints."""
 
 from kernelfleet.gateway.handlers.channels import ChannelsHandler
-from kernelfleet.gateway.handlers.fleet import FleetHostHandler, FleetHostsHandler, FleetKernelHandler, FleetKernelsHandler
+from kernelfleet.gateway.handlers.fleet import (
+    FleetHostHandler,
+    FleetHostsHandler,
+    FleetKernelHandler,
+    FleetKernelsHandler,
+)
 from kernelfleet.gateway.handlers.jupyter import (
     KernelActionHandler,
     KernelHandler,

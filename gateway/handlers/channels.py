@@ -32,12 +32,14 @@ class ChannelsHandler(TokenAuthMixin, JsonErrorsMixin, WebSocketHandler):
         self.settings["kernel_service"].get(kwargs["kernel_id"])  # 404 before the upgrade
         await super().get(*args, **kwargs)
 
-    def open(self, kernel_id: str) -> None:  # type: ignore[override]
+    def open(self, kernel_id: str) -> None:
         self.set_nodelay(True)
         self.kernel_id = kernel_id
         session_id = self.get_query_argument("session_id", "") or "anonymous"
         try:
-            self.client = self.settings["kernel_service"].attach(kernel_id, session_id, self._deliver)
+            self.client = self.settings["kernel_service"].attach(
+                kernel_id, session_id, self._deliver
+            )
         except InvalidRequest as e:
             log.error("websocket for kernel %s refused: %s", kernel_id, e)
             self.close(code=1011, reason=e.message[:120])

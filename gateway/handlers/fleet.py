@@ -8,38 +8,36 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kernelfleet.errors import NotFound
 from kernelfleet.gateway.handlers.base import GatewayHandler
 
 
+def host_models(handler: GatewayHandler) -> dict[str, dict[str, Any]]:
+    """Every host's admin model by id, GPU counts taken from the same snapshot policies see."""
+    views = {view.id: view for view in handler.kernels.snapshot().hosts}
+    return {
+        host.id: {
+            "id": host.id,
+            "address": host.address,
+            "state": host.state.value,
+            "gpus": {
+                "total": views[host.id].gpus_total,
+                "subscribed": views[host.id].gpus_subscribed,
+                "committed": views[host.id].gpus_committed,
+            },
+        }
+        for host in handler.hosts.all()
+    }
+
+
 class FleetHostsHandler(GatewayHandler):
-    def host_models(self) -> list[dict[str, Any]]:
-        views = {view.id: view for view in self.kernels.snapshot().hosts}
-        return [
-            {
-                "id": host.id,
-                "address": host.address,
-                "state": host.state.value,
-                "gpus": {
-                    "total": views[host.id].gpus_total,
-                    "subscribed": views[host.id].gpus_subscribed,
-                    "committed": views[host.id].gpus_committed,
-                },
-            }
-            for host in self.hosts.all()
-        ]
-
     def get(self) -> None:
-        self.write_json(self.host_models())
+        self.write_json(list(host_models(self).values()))
 
 
-class FleetHostHandler(FleetHostsHandler):
+class FleetHostHandler(GatewayHandler):
     def get(self, host_id: str) -> None:
-        self.hosts.get(host_id)
-        model = next((m for m in self.host_models() if m["id"] == host_id), None)
-        if model is None:
-            raise NotFound(f"no host with id {host_id!r}")
-        self.write_json(model)
+        self.hosts.get(host_id)  # NotFound for unknown ids
+        self.write_json(host_models(self)[host_id])
 
     def put(self, host_id: str) -> None:
         """A host agent's registration and heartbeat (one idempotent call)."""

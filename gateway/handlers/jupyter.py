@@ -22,7 +22,9 @@ class KernelSpecResourceHandler(GatewayHandler):
 
     def get(self, name: str, filename: str) -> None:
         path = self.kernelspecs.resource_path(name, filename)
-        self.set_header("Content-Type", mimetypes.guess_type(path.name)[0] or "application/octet-stream")
+        self.set_header(
+            "Content-Type", mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        )
         self.set_header("Cache-Control", "max-age=3600")
         self.finish(path.read_bytes())
 

@@ -31,20 +31,28 @@ async def test_malformed_frames_and_forged_messages_are_dropped_and_logged(fleet
     victim, bystander = await fleet.connect(victim_id), await fleet.connect(bystander_id)
     try:
         victim.ws.write_message("{this is not json")
-        victim.ws.write_message(json.dumps({"channel": "iopub", "header": {"msg_id": "1", "msg_type": "x"}}))
+        victim.ws.write_message(
+            json.dumps({"channel": "iopub", "header": {"msg_id": "1", "msg_type": "x"}})
+        )
         victim.ws.write_message(b"\x00\x00\x00\x07garbage", binary=True)
 
         result = await victim.execute(FORGE_IOPUB)
         assert result.stdout == "sent\n"
-        streams = [m for m in result.iopub + victim.unclaimed if m["header"]["msg_type"] == "stream"]
-        assert [m["content"]["text"] for m in streams] == ["sent\n"], "the forged message got through"
+        streams = [
+            m for m in result.iopub + victim.unclaimed if m["header"]["msg_type"] == "stream"
+        ]
+        assert [m["content"]["text"] for m in streams] == ["sent\n"], (
+            "the forged message got through"
+        )
         assert (await bystander.execute("print('unaffected')")).stdout == "unaffected\n"
 
-        wait_for(lambda: "failed its HMAC check" in fleet.log(), 10, "the bad signature to be logged")
+        wait_for(
+            lambda: "failed its HMAC check" in fleet.log(), 10, "the bad signature to be logged"
+        )
         log = fleet.log()
         assert "malformed-message" in log
         assert "not valid JSON" in log
-        assert "unknown or missing channel 'iopub'" in log
+        assert "unknown channel 'iopub'" in log
     finally:
         victim.close()
         bystander.close()
@@ -84,7 +92,8 @@ async def test_dead_host_shows_its_kernels_dead_and_the_gateway_keeps_serving(fl
     fleet = fleet_factory(hosts=2, gpus=1)
     first, second = fleet.start_kernel(), fleet.start_kernel()
     placed = {
-        k: fleet.api("GET", f"/api/fleet/kernels/{k}")["replicas"][0]["host"] for k in (first, second)
+        k: fleet.api("GET", f"/api/fleet/kernels/{k}")["replicas"][0]["host"]
+        for k in (first, second)
     }
     assert set(placed.values()) == {"host-1", "host-2"}, "replicas are spread over the hosts"
     doomed_kernel = next(k for k, h in placed.items() if h == "host-1")

@@ -34,6 +34,12 @@ def test_text_frame_round_trip():
     assert parsed.buffers == []
 
 
+def test_missing_channel_means_shell_as_in_jupyter_server():
+    msg = client_msg()
+    del msg["channel"]
+    assert parse_client_frame(json.dumps(msg, default=str)).channel == "shell"
+
+
 def test_binary_frame_from_jupyter_server_is_understood():
     msg = client_msg()
     msg["buffers"] = [b"\x00\xffraw", b"", b"x" * 1000]
@@ -49,7 +55,12 @@ def test_binary_frame_from_jupyter_server_is_understood():
         ("[1, 2]", "JSON object"),
         (json.dumps({"header": {}, "channel": "iopub"}), "channel"),
         (json.dumps({"channel": "shell", "header": {"msg_type": "x"}}), "msg_id"),
-        (json.dumps({"channel": "shell", "header": {"msg_id": "1", "msg_type": "x"}, "content": 3}), "content"),
+        (
+            json.dumps(
+                {"channel": "shell", "header": {"msg_id": "1", "msg_type": "x"}, "content": 3}
+            ),
+            "content",
+        ),
         (b"\x00\x00\x00\x05\x00", "at least"),
         (b"\x00\x00\x00\x09\x00\x00\x00\x08", "declares 9 parts"),
         (b"\x00\x00\x00\x01\x00\x00\x00\x04{}", "inconsistent offsets"),
@@ -71,14 +82,17 @@ def test_kernel_message_is_verified_and_spliced_without_reencoding():
     frame = json.loads(parsed.to_client_frame("iopub"))
     assert frame["channel"] == "iopub"
     assert frame["content"] == {"name": "stdout", "text": "héllo\n"}
-    assert frame["header"]["msg_id"] == msg["header"]["msg_id"]
+    assert frame["header"]["msg_id"] == frame["msg_id"] == msg["header"]["msg_id"]
+    assert frame["msg_type"] == "stream"
     assert frame["buffers"] == []
 
 
 def test_kernel_message_with_buffers_becomes_a_binary_frame():
     session = Session(key=b"secret")
     msg = session.msg("comm_msg", content={"comm_id": "c", "data": {}})
-    parsed = parse_kernel_frames(signed_frames(session, msg, [b"\x01\x02", b"\xff" * 10]), session.auth)
+    parsed = parse_kernel_frames(
+        signed_frames(session, msg, [b"\x01\x02", b"\xff" * 10]), session.auth
+    )
     decoded = deserialize_binary_message(parsed.to_client_frame("iopub"))
     assert decoded["buffers"] == [b"\x01\x02", b"\xff" * 10]
     assert decoded["content"]["comm_id"] == "c"

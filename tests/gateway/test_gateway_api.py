@@ -12,7 +12,8 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.mark.parametrize(("token", "status"), [("", 401), ("wrong-token-123", 403)])
 @pytest.mark.parametrize(
-    "path", ["/api/kernelspecs", "/api/kernels", "/api/fleet/hosts", "/kernelspecs/python3/logo-64x64.png"]
+    "path",
+    ["/api/kernelspecs", "/api/kernels", "/api/fleet/hosts", "/kernelspecs/python3/logo-64x64.png"],
 )
 def test_every_endpoint_needs_the_token(fleet, path, token, status):
     got, body = fleet.request("GET", path, token=token)
@@ -38,7 +39,12 @@ def test_token_in_query_argument_is_accepted(fleet):
 
 
 def test_unknown_ids_are_404_json(fleet):
-    for path in ["/api/kernels/nope", "/api/fleet/kernels/nope", "/api/fleet/hosts/nope", "/api/nothing"]:
+    for path in [
+        "/api/kernels/nope",
+        "/api/fleet/kernels/nope",
+        "/api/fleet/hosts/nope",
+        "/api/nothing",
+    ]:
         status, body = fleet.request("GET", path)
         assert status == 404, path
         assert body["reason"] == "not-found"

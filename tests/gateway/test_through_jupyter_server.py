@@ -67,7 +67,9 @@ async def test_interrupt_a_running_sleep(jp_fetch, jp_ws_fetch):
     kernel = await start_kernel(jp_fetch)
     kernel_ws = await connect(jp_ws_fetch, kernel["id"])
     try:
-        running = asyncio.ensure_future(kernel_ws.execute("import time; time.sleep(60)", timeout=30))
+        running = asyncio.ensure_future(
+            kernel_ws.execute("import time; time.sleep(60)", timeout=30)
+        )
         await asyncio.sleep(1.0)
         await jp_fetch("api", "kernels", kernel["id"], "interrupt", method="POST", body="")
         result = await running
@@ -88,7 +90,9 @@ async def test_restart_clears_state_and_shutdown_removes(jp_fetch, jp_ws_fetch, 
 
     restarted = await jp_fetch("api", "kernels", kernel["id"], "restart", method="POST", body="")
     assert json.loads(restarted.body)["id"] == kernel["id"]
-    assert fleet.api("GET", f"/api/fleet/kernels/{kernel['id']}")["replicas"][0]["pid"] != pid_before
+    assert (
+        fleet.api("GET", f"/api/fleet/kernels/{kernel['id']}")["replicas"][0]["pid"] != pid_before
+    )
 
     kernel_ws = await connect(jp_ws_fetch, kernel["id"])
     result = await kernel_ws.execute("secret")
@@ -106,7 +110,8 @@ ECHO_TARGET = """
 def _echo(comm, open_msg):
     @comm.on_msg
     def _reply(msg):
-        comm.send({"echo": msg["content"]["data"]}, buffers=[bytes(b)[::-1] for b in msg["buffers"]])
+        reversed_buffers = [bytes(b)[::-1] for b in msg["buffers"]]
+        comm.send({"echo": msg["content"]["data"]}, buffers=reversed_buffers)
 get_ipython().kernel.comm_manager.register_target("echo", _echo)
 """
 
@@ -119,7 +124,9 @@ async def test_comm_round_trip_with_binary_buffers_both_ways(jp_fetch, jp_ws_fet
         kernel_ws.send("comm_open", {"comm_id": "c1", "target_name": "echo", "data": {}})
         payload = bytes(range(256)) * 40  # not valid UTF-8: must survive both relays
         result = await kernel_ws.request(
-            "comm_msg", {"comm_id": "c1", "data": {"n": 1}}, buffers=[payload, b"\x00abc"],
+            "comm_msg",
+            {"comm_id": "c1", "data": {"n": 1}},
+            buffers=[payload, b"\x00abc"],
             expect_reply=False,
         )
         echoed = result.of_type("comm_msg")[0]

@@ -1,0 +1,138 @@
+"""`kernelfleet up` as a user runs it: one command, a cell through jupyter_server, a clean stop."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from jupyter_server.gateway.gateway_client import GatewayClient
+
+from kernelfleet.testing import KernelWebsocket, wait_for
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+UP_LINE = re.compile(r"kernelfleet is up: (?P<url>http://\S+) token=(?P<token>\S+)")
+
+
+def call(url: str, token: str, method: str, path: str, body: dict | None = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        url + path, data=data, method=method, headers={"Authorization": f"token {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process whose parent chain leads to `pid`."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        children = {child for child, parent in parents.items() if parent in frontier}
+        frontier = children - found
+        found |= children
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory):
+    """`kernelfleet up` in a fresh folder, as the README says, with a free port."""
+    cwd = tmp_path_factory.mktemp("up")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELFLEET_")}
+    process = subprocess.Popen(
+        ["kernelfleet", "up", "--port", str(free_port())],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    line = process.stdout.readline()
+    match = UP_LINE.search(line)
+    if not match:
+        process.kill()
+        pytest.fail(f"kernelfleet up printed {line!r}{process.stdout.read()}")
+    yield process, match["url"], match["token"], cwd
+    if process.poll() is None:
+        process.kill()
+
+
+@pytest.fixture
+def jp_server_config(up):
+    _, url, token, _ = up
+    yield {
+        "ServerApp": {"jpserver_extensions": {"kernelfleet.extension": True}},
+        "GatewayClient": {"url": url, "auth_token": token, "request_timeout": 60.0},
+    }
+    GatewayClient.clear_instance()
+
+
+async def test_up_runs_a_cell_through_jupyter_server_then_stops_cleanly(up, jp_fetch, jp_ws_fetch):
+    process, url, token, cwd = up
+    assert len(token) >= 32, "a random token is generated when none is given"
+    kernel = json.loads((await jp_fetch("api", "kernels", method="POST", body="{}")).body)
+    ws = await jp_ws_fetch("api", "kernels", kernel["id"], "channels", params={"session_id": "up"})
+    client = KernelWebsocket(ws)
+    result = await client.execute("import numpy; print(numpy.arange(4).sum())")
+    assert result.stdout == "6\n"
+    client.close()
+    await jp_fetch("api", "kernels", kernel["id"], method="DELETE")
+
+    left_running = call(url, token, "POST", "/api/kernels", {"name": "python3"})
+    replica = call(url, token, "GET", f"/api/fleet/kernels/{left_running['id']}")["replicas"][0]
+    family = descendants(process.pid)
+    assert replica["pid"] in family
+    assert len(family) >= 5, f"expected a gateway, 3 hosts and a kernel, found {family}"
+    assert (cwd / ".kernelfleet" / "logs" / "gateway.log").exists()
+
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(20) == 0
+    wait_for(lambda: not any(running(pid) for pid in family), 10, "every child process to end")
+    elapsed = time.monotonic() - started
+    assert elapsed < 15, f"stopping took {elapsed:.1f} s"
+
+
+def test_up_fails_clearly_when_the_port_is_taken(tmp_path):
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        result = subprocess.run(
+            ["kernelfleet", "up", "--port", str(port), "--hosts", "1"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode != 0
+    assert "gateway exited" in result.stderr
+    assert "Address already in use" in result.stderr
+    assert not subprocess.run(["pgrep", "-f", f"--port {port}"], capture_output=True).stdout
