@@ -128,7 +128,7 @@ class GatewayApp(Application):
         self.hosts = HostRegistry(
             self.token,
             self.heartbeat_timeout,
-            on_report=lambda host: self.kernels.on_host_report(host),
+            on_report=lambda host, restarted: self.kernels.on_host_report(host, restarted),
             on_lost=lambda host: self.kernels.on_host_lost(host),
         )
         self.kernels = KernelService(

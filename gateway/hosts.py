@@ -39,6 +39,7 @@ class HostRecord:
     client: HostAgentClient
     gpus: list[dict[str, Any]] = field(default_factory=list)
     replicas: list[dict[str, Any]] = field(default_factory=list)
+    instance: str | None = None
     state: HostState = HostState.ALIVE
     last_seen: float = 0.0
 
@@ -61,7 +62,7 @@ class HostRegistry:
         self,
         token: str,
         heartbeat_timeout: float,
-        on_report: Callable[[HostRecord], None],
+        on_report: Callable[[HostRecord, bool], None],
         on_lost: Callable[[HostRecord], None],
     ) -> None:
         self._token = token
@@ -71,7 +72,11 @@ class HostRegistry:
         self._hosts: dict[str, HostRecord] = {}
 
     def report(self, host_id: str, body: dict[str, Any], now: float) -> HostRecord:
-        """Record a heartbeat (the first one registers the host)."""
+        """Record a heartbeat (the first one registers the host).
+
+        `on_report` gets the host and whether its agent restarted since the last report (its
+        ``instance`` changed): then replicas it no longer lists are gone, not merely unlisted.
+        """
         address = body.get("address")
         if not isinstance(address, str) or not address.startswith(("http://", "https://")):
             raise InvalidRequest("a host report needs 'address', the agent's http(s) URL")
@@ -83,19 +88,26 @@ class HostRegistry:
         if not isinstance(gpus, list) or not isinstance(replicas, list):
             raise InvalidRequest("'gpus' and 'replicas' must be lists")
         host = self._hosts.get(host_id)
-        if host is None or host.address != address:
-            if host is not None:
-                host.client.close()
+        if host is None:
             host = HostRecord(
                 id=host_id, address=address, client=HostAgentClient(address, self._token)
             )
             self._hosts[host_id] = host
             log.info("host %s registered at %s with %d GPU(s)", host_id, address, len(gpus))
-        elif not host.alive:
+        if host.address != address:
+            host.client.close()
+            host.address, host.client = address, HostAgentClient(address, self._token)
+        if not host.alive:
             host.move_to(HostState.ALIVE)
             log.warning("host %s is back after missing its heartbeats", host_id)
-        host.gpus, host.replicas, host.last_seen = gpus, replicas, now
-        self._on_report(host)
+        instance = body.get("instance")
+        restarted = host.instance is not None and instance != host.instance
+        if restarted:
+            log.warning(
+                "host %s restarted (agent instance %s -> %s)", host_id, host.instance, instance
+            )
+        host.gpus, host.replicas, host.instance, host.last_seen = gpus, replicas, instance, now
+        self._on_report(host, restarted)
         return host
 
     def check_liveness(self, now: float) -> list[HostRecord]:

@@ -185,21 +185,17 @@ class KernelService:
         await self._hosts.get(replica.host_id).client.interrupt_replica(replica.id)
 
     async def restart(self, kernel_id: str) -> KernelRecord:
-        """Restart every replica with an empty namespace; a replica on a lost host is re-placed."""
+        """Restart every replica with an empty namespace.
+
+        A replica whose host is lost, or whose agent no longer knows it (the agent restarted), is
+        replaced by a new one wherever the policy places it.
+        """
         kernel = self.get(kernel_id)
         kernel.execution_state = "restarting"
         self._announce(kernel, "restarting")
         old_connections = [replica.connection for replica in kernel.replicas]
         for index, replica in enumerate(list(kernel.replicas)):
-            host = self._hosts.get(replica.host_id)
-            if host.alive:
-                model = await host.client.restart_replica(
-                    replica.id, launch_timeout=self._launch_timeout
-                )
-                replica.update(model)
-                replica.connection = ConnectionInfo.from_dict(model["connection"])
-            else:
-                kernel.replicas[index] = await self._replace_replica(kernel, replica)
+            kernel.replicas[index] = await self._restart_replica(kernel, replica)
         if [replica.connection for replica in kernel.replicas] != old_connections:
             await self._link(kernel)
         kernel.execution_state = "idle"
@@ -230,18 +226,22 @@ class KernelService:
 
     # ---- what the hosts tell us ------------------------------------------------------------
 
-    def on_host_report(self, host: HostRecord) -> None:
+    def on_host_report(self, host: HostRecord, restarted: bool) -> None:
+        """Apply a host's report. After an agent restart, replicas it does not list are dead."""
         reported = {model.get("id"): model for model in host.replicas if isinstance(model, dict)}
         for kernel in self._kernels.values():
             for replica in kernel.replicas:
+                if replica.host_id != host.id or replica.state == "dead":
+                    continue
                 model = reported.get(replica.id)
-                if replica.host_id == host.id and model is not None:
-                    was_dead = replica.state == "dead"
+                if model is not None:
                     replica.update(model)
-                    if replica.state == "dead" and not was_dead:
-                        self._replica_died(
-                            kernel, replica, f"its process exited ({model.get('exit_code')})"
-                        )
+                    if replica.state == "dead":
+                        why = f"its process exited ({model.get('exit_code')})"
+                        self._replica_died(kernel, replica, why)
+                elif restarted:
+                    replica.state = "dead"
+                    self._replica_died(kernel, replica, f"the agent on {host.id} restarted")
 
     def on_host_lost(self, host: HostRecord) -> None:
         for kernel in self._kernels.values():
@@ -273,17 +273,26 @@ class KernelService:
         replica.update(model)
         return replica
 
-    async def _replace_replica(self, kernel: KernelRecord, lost: ReplicaRecord) -> ReplicaRecord:
+    async def _restart_replica(self, kernel: KernelRecord, replica: ReplicaRecord) -> ReplicaRecord:
+        host = self._hosts.get(replica.host_id)
+        if host.alive:
+            try:
+                model = await host.client.restart_replica(
+                    replica.id, launch_timeout=self._launch_timeout
+                )
+            except NotFound:
+                log.warning("kernel %s: host %s forgot replica %s", kernel.id, host.id, replica.id)
+            else:
+                replica.update(model)
+                replica.connection = ConnectionInfo.from_dict(model["connection"])
+                return replica
+        others = {r.host_id for r in kernel.replicas if r is not replica}
         snapshot = self.snapshot()
-        others = {r.host_id for r in kernel.replicas if r is not lost}
         candidates = FleetSnapshot(
-            hosts=tuple(h for h in snapshot.hosts if h.id not in others and h.id != lost.host_id),
-            now=snapshot.now,
+            hosts=tuple(h for h in snapshot.hosts if h.id not in others), now=snapshot.now
         )
-        placement = self._policy.place(candidates, PlacementRequest(kernel.id, replicas=1))
-        log.warning(
-            "kernel %s: replacing replica %s of lost host %s", kernel.id, lost.id, lost.host_id
-        )
+        placement = self._policy.place(candidates, PlacementRequest(kernel.id, gpus=kernel.gpus))
+        log.warning("kernel %s: replacing replica %s on %s", kernel.id, replica.id, replica.host_id)
         return await self._launch_replica(kernel, placement.host_ids[0])
 
     async def _link(self, kernel: KernelRecord) -> None:

@@ -17,6 +17,7 @@ import re
 import secrets
 import signal
 import socket
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -354,6 +355,9 @@ class HostAgentApp(Application):
             raise TraitError(f"cannot create the state directory {self.state_path}: {e}") from e
 
     def init_host_id(self) -> None:
+        """The host's lasting id, and this process's own: a gateway that sees the instance change
+        knows that every replica the agent no longer reports died with the previous one."""
+        self.instance_id = uuid.uuid4().hex
         if not self.host_id:
             self.host_id = load_or_create_host_id(self.state_path)
 
@@ -414,6 +418,7 @@ class HostAgentApp(Application):
         """The host model: served at ``GET /api/host`` and sent as every heartbeat's body."""
         return {
             "id": self.host_id,
+            "instance": self.instance_id,
             "address": self.address,
             "gpus": [gpu.to_dict() for gpu in self.inventory.devices()],
             "replicas": self.replicas.models(),

@@ -118,6 +118,13 @@ async def test_dead_host_shows_its_kernels_dead_and_the_gateway_keeps_serving(fl
     healthy.close()
     assert fleet.api("GET", "/api/kernelspecs")["default"] == "python3"
 
+    assert fleet.api("POST", f"/api/kernels/{doomed_kernel}/restart")["execution_state"] == "idle"
+    replica = fleet.api("GET", f"/api/fleet/kernels/{doomed_kernel}")["replicas"][0]
+    assert (replica["host"], replica["state"]) == ("host-2", "ready"), "re-placed on a live host"
+    revived = await fleet.connect(doomed_kernel)
+    assert (await revived.execute("print('revived')")).stdout == "revived\n"
+    revived.close()
+
 
 async def test_killed_kernel_process_is_reported_dead(fleet_factory):
     import os
@@ -136,3 +143,17 @@ async def test_killed_kernel_process_is_reported_dead(fleet_factory):
     kernel = await fleet.connect(kernel_id)
     assert (await kernel.execute("print('back')")).stdout == "back\n"
     kernel.close()
+
+
+def test_kernels_of_a_restarted_host_agent_are_reported_dead(fleet_factory):
+    fleet = fleet_factory(hosts=1, gpus=0)
+    kernel_id = fleet.start_kernel()
+    fleet.signal_host("host-1", signal.SIGKILL)
+    fleet.start_host("host-1", 0)  # back before the heartbeat timeout: never marked lost
+    wait_for(
+        lambda: fleet.api("GET", f"/api/kernels/{kernel_id}")["execution_state"] == "dead",
+        10,
+        "the old agent's kernel to be reported dead",
+    )
+    assert fleet.host_state("host-1") == "alive"
+    assert fleet.api("POST", f"/api/kernels/{kernel_id}/restart")["execution_state"] == "idle"
