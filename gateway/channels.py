@@ -30,6 +30,9 @@ log = logging.getLogger("kernelfleet.gateway.channels")
 Deliver = Callable[[str, KernelMessage], None]
 """Receives (channel, message) for each verified message from the kernel."""
 
+OnClosed = Callable[[], None]
+"""Called when the gateway closes a client's link (the kernel was relinked or shut down)."""
+
 
 @dataclass(frozen=True)
 class ConnectionInfo:
@@ -107,9 +110,13 @@ class KernelLink:
         finally:
             nudge.close()
 
-    def attach(self, session_id: str, deliver: Deliver) -> ClientLink:
-        """Open a client's shell/control/stdin sockets; IOPub reaches it through `deliver` too."""
-        client = ClientLink(self, session_id, deliver)
+    def attach(self, session_id: str, deliver: Deliver, on_closed: OnClosed) -> ClientLink:
+        """Open a client's shell/control/stdin sockets; IOPub reaches it through `deliver` too.
+
+        `on_closed` runs if the link closes the client (a relink or a shutdown), so the client
+        can drop its websocket and reconnect; it does not run when the client closes itself.
+        """
+        client = ClientLink(self, session_id, deliver, on_closed)
         self._clients.add(client)
         return client
 
@@ -127,6 +134,7 @@ class KernelLink:
     def close(self) -> None:
         for client in list(self._clients):
             client.close()
+            client.on_closed()
         if self._pump is not None:
             self._pump.cancel()
         if self._iopub is not None:
@@ -145,9 +153,12 @@ class KernelLink:
 class ClientLink:
     """One websocket client's DEALER sockets to a kernel replica."""
 
-    def __init__(self, link: KernelLink, session_id: str, deliver: Deliver) -> None:
+    def __init__(
+        self, link: KernelLink, session_id: str, deliver: Deliver, on_closed: OnClosed
+    ) -> None:
         self._link = link
         self.deliver = deliver
+        self.on_closed = on_closed
         self._session = link.info.session(session_id)
         context = link._context
         identity = f"{session_id}-{uuid.uuid4().hex[:8]}".encode()

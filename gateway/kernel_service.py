@@ -19,7 +19,7 @@ import zmq.asyncio
 from jupyter_client.session import Session
 
 from kernelfleet.errors import FleetError, HostUnavailable, InvalidRequest, KernelDead, NotFound
-from kernelfleet.gateway.channels import ClientLink, ConnectionInfo, Deliver, KernelLink
+from kernelfleet.gateway.channels import ClientLink, ConnectionInfo, Deliver, KernelLink, OnClosed
 from kernelfleet.gateway.framing import KernelMessage, kernel_message_from_dict
 from kernelfleet.gateway.hosts import HostRecord, HostRegistry
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
@@ -58,6 +58,8 @@ class KernelRecord:
     gpus: int = 0
     replicas: list[ReplicaRecord] = field(default_factory=list)
     link: KernelLink | None = None
+    lifecycle: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held by restart and shutdown, so they never interleave on one kernel."""
     executor: str | None = None
     execution_state: str = "starting"
     last_activity: datetime = field(default_factory=lambda: datetime.now(UTC))
@@ -191,24 +193,33 @@ class KernelService:
         replaced by a new one wherever the policy places it.
         """
         kernel = self.get(kernel_id)
-        kernel.execution_state = "restarting"
-        self._announce(kernel, "restarting")
-        old_connections = [replica.connection for replica in kernel.replicas]
-        for index, replica in enumerate(list(kernel.replicas)):
-            kernel.replicas[index] = await self._restart_replica(kernel, replica)
-        if [replica.connection for replica in kernel.replicas] != old_connections:
-            await self._link(kernel)
-        kernel.execution_state = "idle"
-        kernel.executor = None
-        self._announce(kernel, "idle")
-        return kernel
+        async with kernel.lifecycle:
+            self.get(kernel_id)  # still there: a shutdown may have won the lock
+            kernel.execution_state = "restarting"
+            self._announce(kernel, "restarting")
+            old_connections = [replica.connection for replica in kernel.replicas]
+            try:
+                for index, replica in enumerate(list(kernel.replicas)):
+                    kernel.replicas[index] = await self._restart_replica(kernel, replica)
+                if [replica.connection for replica in kernel.replicas] != old_connections:
+                    await self._link(kernel)
+            except BaseException:
+                kernel.execution_state = "dead" if kernel.dead else "idle"
+                self._announce(kernel, kernel.execution_state)
+                raise
+            kernel.execution_state = "idle"
+            kernel.executor = None
+            self._announce(kernel, "idle")
+            return kernel
 
     async def shutdown(self, kernel_id: str) -> None:
         kernel = self.get(kernel_id)
-        self._kernels.pop(kernel_id, None)
-        if kernel.link is not None:
-            kernel.link.close()
-        await self._stop_replicas(kernel)
+        async with kernel.lifecycle:
+            if self._kernels.pop(kernel_id, None) is None:
+                return  # another shutdown finished first
+            if kernel.link is not None:
+                kernel.link.close()
+            await self._stop_replicas(kernel)
         log.info("kernel %s shut down", kernel_id)
 
     async def shutdown_all(self) -> None:
@@ -217,12 +228,14 @@ class KernelService:
         )
         self._context.term()
 
-    def attach(self, kernel_id: str, session_id: str, deliver: Deliver) -> ClientLink:
-        """Connect a websocket client to the kernel's channels."""
+    def attach(
+        self, kernel_id: str, session_id: str, deliver: Deliver, on_closed: OnClosed
+    ) -> ClientLink:
+        """Connect a websocket client to the kernel's channels (see `KernelLink.attach`)."""
         kernel = self.get(kernel_id)
         if kernel.link is None:
             raise KernelDead(f"kernel {kernel_id} has no running replica")
-        return kernel.link.attach(session_id, deliver)
+        return kernel.link.attach(session_id, deliver, on_closed)
 
     # ---- what the hosts tell us ------------------------------------------------------------
 

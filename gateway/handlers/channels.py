@@ -38,7 +38,7 @@ class ChannelsHandler(TokenAuthMixin, JsonErrorsMixin, WebSocketHandler):
         session_id = self.get_query_argument("session_id", "") or "anonymous"
         try:
             self.client = self.settings["kernel_service"].attach(
-                kernel_id, session_id, self._deliver
+                kernel_id, session_id, self._deliver, self._closed_by_gateway
             )
         except InvalidRequest as e:
             log.error("websocket for kernel %s refused: %s", kernel_id, e)
@@ -59,6 +59,11 @@ class ChannelsHandler(TokenAuthMixin, JsonErrorsMixin, WebSocketHandler):
             self.client.close()
             self.client = None
         log.info("websocket closed for kernel %s", getattr(self, "kernel_id", "?"))
+
+    def _closed_by_gateway(self) -> None:
+        """The kernel was relinked or shut down: close, so the client reconnects or gives up."""
+        self.client = None
+        self.close(code=1012, reason="the kernel moved or stopped; reconnect")
 
     def _deliver(self, channel: str, message: KernelMessage) -> None:
         frame = message.to_client_frame(channel)

@@ -1,5 +1,6 @@
 """Bad input and broken parts: the gateway logs, answers clearly, and keeps serving."""
 
+import asyncio
 import json
 import signal
 import sys
@@ -88,6 +89,11 @@ def test_kernel_that_fails_to_start_reports_its_stderr_at_once(fleet_factory, fa
     assert fleet.start_kernel()  # the fleet still works
 
 
+async def read_until_closed(ws):
+    while await ws.read_message() is not None:
+        pass
+
+
 async def test_dead_host_shows_its_kernels_dead_and_the_gateway_keeps_serving(fleet_factory):
     fleet = fleet_factory(hosts=2, gpus=1)
     first, second = fleet.start_kernel(), fleet.start_kernel()
@@ -111,7 +117,6 @@ async def test_dead_host_shows_its_kernels_dead_and_the_gateway_keeps_serving(fl
         msg = await watcher.receive(timeout=10)
         if msg["header"]["msg_type"] == "status":
             statuses.append(msg["content"]["execution_state"])
-    watcher.close()
 
     healthy = await fleet.connect(survivor)
     assert (await healthy.execute("print(1 + 1)")).stdout == "2\n"
@@ -121,6 +126,8 @@ async def test_dead_host_shows_its_kernels_dead_and_the_gateway_keeps_serving(fl
     assert fleet.api("POST", f"/api/kernels/{doomed_kernel}/restart")["execution_state"] == "idle"
     replica = fleet.api("GET", f"/api/fleet/kernels/{doomed_kernel}")["replicas"][0]
     assert (replica["host"], replica["state"]) == ("host-2", "ready"), "re-placed on a live host"
+    await asyncio.wait_for(read_until_closed(watcher.ws), 10)
+    assert watcher.ws.close_code == 1012, "the old websocket is closed so its client reconnects"
     revived = await fleet.connect(doomed_kernel)
     assert (await revived.execute("print('revived')")).stdout == "revived\n"
     revived.close()
