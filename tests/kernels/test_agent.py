@@ -108,8 +108,11 @@ async def test_registers_and_heartbeats(host_agent: StartAgent) -> None:
     assert host_id.startswith("host-")
     assert first.path == f"/api/fleet/hosts/{host_id}"
     assert first.authorization == f"token {TOKEN}"
+    assert len(first.body["instance"]) == 32
+    assert all(put.body["instance"] == first.body["instance"] for put in gateway.puts)
     assert first.body == {
         "id": host_id,
+        "instance": first.body["instance"],
         "address": agent.address,
         "gpus": [
             {
