@@ -239,6 +239,7 @@ class KernelWebsocket:
         self.ws = ws
         self.session = Session(username="test")
         self.unclaimed: list[dict[str, Any]] = []
+        self._pending: list[dict[str, Any]] = []
 
     def send(
         self,
@@ -282,15 +283,18 @@ class KernelWebsocket:
         """Send a message; wait for its reply (unless it has none, as ``comm_msg``) and for the
         kernel to go idle after it."""
         msg_id = self.send(msg_type, content, channel=channel, **kwargs)
+        return await self.collect(msg_id, timeout, channel, expect_reply)
+
+    async def collect(
+        self, msg_id: str, timeout: float = 30, channel: str = "shell", expect_reply: bool = True
+    ) -> Reply:
+        """Gather what request `msg_id` caused until its reply and the idle status arrived."""
         reply: dict[str, Any] | None = None if expect_reply else {}
         iopub: list[dict[str, Any]] = []
         idle = False
         deadline = time.monotonic() + timeout
         while reply is None or not idle:
-            msg = await self.receive(max(0.01, deadline - time.monotonic()))
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                self.unclaimed.append(msg)
-                continue
+            msg = await self._next_for(msg_id, deadline)
             if msg["channel"] == "iopub":
                 iopub.append(msg)
                 if (
@@ -302,6 +306,30 @@ class KernelWebsocket:
                 reply = msg["content"]
         assert reply is not None
         return Reply(reply, iopub)
+
+    async def wait_for_output(self, msg_id: str, text: str, timeout: float = 30) -> None:
+        """Wait until request `msg_id` printed `text`; its other messages stay to be collected."""
+        deadline = time.monotonic() + timeout
+        seen: list[dict[str, Any]] = []
+        try:
+            while True:
+                msg = await self._next_for(msg_id, deadline)
+                seen.append(msg)
+                if msg["header"]["msg_type"] == "stream" and text in msg["content"]["text"]:
+                    return
+        finally:
+            self._pending = seen + self._pending
+
+    async def _next_for(self, msg_id: str, deadline: float) -> dict[str, Any]:
+        """The next message whose parent is `msg_id`; others are kept in ``unclaimed``."""
+        for index, msg in enumerate(self._pending):
+            if msg.get("parent_header", {}).get("msg_id") == msg_id:
+                return self._pending.pop(index)
+        while True:
+            msg = await self.receive(max(0.01, deadline - time.monotonic()))
+            if msg.get("parent_header", {}).get("msg_id") == msg_id:
+                return msg
+            self.unclaimed.append(msg)
 
     async def execute(self, code: str, timeout: float = 30, **kwargs: Any) -> Reply:
         content = {"code": code, "silent": False, "store_history": True, "allow_stdin": False}

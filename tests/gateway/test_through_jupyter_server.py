@@ -67,12 +67,11 @@ async def test_interrupt_a_running_sleep(jp_fetch, jp_ws_fetch):
     kernel = await start_kernel(jp_fetch)
     kernel_ws = await connect(jp_ws_fetch, kernel["id"])
     try:
-        running = asyncio.ensure_future(
-            kernel_ws.execute("import time; time.sleep(60)", timeout=30)
-        )
-        await asyncio.sleep(1.0)
+        code = "import time; print('sleeping', flush=True); time.sleep(60)"
+        msg_id = kernel_ws.send("execute_request", {"code": code, "silent": False})
+        await kernel_ws.wait_for_output(msg_id, "sleeping")
         await jp_fetch("api", "kernels", kernel["id"], "interrupt", method="POST", body="")
-        result = await running
+        result = await kernel_ws.collect(msg_id, timeout=20)
         assert result.reply["status"] == "error"
         assert result.reply["ename"] == "KeyboardInterrupt"
         assert (await kernel_ws.execute("print('still here')")).stdout == "still here\n"

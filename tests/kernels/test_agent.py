@@ -193,12 +193,12 @@ async def test_replica_lifecycle(host_agent: StartAgent, tmp_path: Path) -> None
         started = asyncio.Event()
 
         def hook(msg: dict[str, Any]) -> None:
-            if msg["msg_type"] == "execute_input":
+            # The cell's own output, not execute_input: that comes before the code runs.
+            if msg["msg_type"] == "stream" and "sleeping" in msg["content"]["text"]:
                 started.set()
 
-        cell = asyncio.ensure_future(
-            kc.execute_interactive("import time; time.sleep(30)", timeout=30, output_hook=hook)
-        )
+        code = "import time; print('sleeping', flush=True); time.sleep(30)"
+        cell = asyncio.ensure_future(kc.execute_interactive(code, timeout=30, output_hook=hook))
         await asyncio.wait_for(started.wait(), 10)
         t0 = time.monotonic()
         await client.interrupt_replica("r1")
