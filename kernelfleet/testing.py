@@ -56,7 +56,7 @@ class Fleet:
     url: str = ""
 
     def spawn(self, label: str, *args: str) -> subprocess.Popen:
-        log = (self.state_dir / f"{label}.log").open("ab")
+        log = (self.state_dir / f"{label}.log").open("wb")  # a stale log would mislead start_gateway
         return subprocess.Popen(
             [sys.executable, "-m", "kernelfleet", *args],
             stdin=subprocess.DEVNULL,
