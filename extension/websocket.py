@@ -1,28 +1,64 @@
-"""A gateway websocket relay for jupyter_server that keeps binary frames binary."""
+"""A gateway websocket relay for jupyter_server: v1 framing, binary frames, no Nagle."""
 
 from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any
+from typing import Any, cast
 
 from jupyter_server.gateway.connections import GatewayWebSocketConnection
 from jupyter_server.gateway.gateway_client import GatewayClient
+from jupyter_server.utils import url_escape, url_path_join
+from tornado.concurrent import Future
+from tornado.httpclient import HTTPRequest
 from tornado.ioloop import IOLoop
-from tornado.websocket import WebSocketClosedError
+from tornado.websocket import WebSocketClosedError, websocket_connect
+from traitlets import Unicode
 
 
 class FleetGatewayWebSocketConnection(GatewayWebSocketConnection):
-    """jupyter_server's gateway relay with binary frames kept binary and TCP_NODELAY on both legs.
+    """jupyter_server's gateway relay, mended in three ways.
 
-    The stock relay decodes every gateway frame as UTF-8 (a message with buffers is lost, and the
-    read loop dies on the first non-UTF-8 byte) and sends the browser's binary frames to the
-    gateway as text.
+    - It accepts the ``v1.kernel.websocket.jupyter.org`` subprotocol that JupyterLab offers and
+      asks the gateway for the same one, relaying frames unchanged. The stock relay answers the
+      offer with no subprotocol; Chrome then aborts the handshake, JupyterLab reconnects in
+      legacy framing, and the first gateway websocket is left open, orphaned.
+    - Binary frames stay binary. The stock relay decodes every gateway frame as UTF-8 (a message
+      with buffers is lost, and the read loop dies on the first non-UTF-8 byte) and sends the
+      browser's binary frames to the gateway as text.
+    - TCP_NODELAY on both legs.
     """
 
+    kernel_ws_protocol = Unicode(
+        None,
+        allow_none=True,
+        config=True,
+        help="None: v1 when the client offers it, else legacy (the server's own rule).",
+    )
+
     async def connect(self) -> None:
+        """Open the gateway websocket in the framing the client chose."""
         self.websocket_handler.set_nodelay(True)
-        await super().connect()
+        self.ws = None
+        gateway = GatewayClient.instance()
+        ws_url = url_path_join(
+            gateway.ws_url or "", gateway.kernels_endpoint, url_escape(self.kernel_id), "channels"
+        )
+        if self.session_id:
+            ws_url += f"?session_id={url_escape(self.session_id)}"
+        subprotocol = self.websocket_handler.selected_subprotocol
+        self.log.info("Connecting to %s (%s framing)", ws_url, subprotocol or "legacy")
+        request = HTTPRequest(ws_url, **gateway.load_connection_args())
+        connecting = cast(
+            "Future[Any]",
+            websocket_connect(request, subprotocols=[subprotocol] if subprotocol else None),
+        )
+        self.ws_future = connecting
+        connecting.add_done_callback(self._connection_done)
+        IOLoop.current().add_future(connecting, lambda _: self._start_reading())
+
+    def _start_reading(self) -> None:
+        IOLoop.current().spawn_callback(self._read_messages)
 
     def _connection_done(self, fut: Any) -> None:
         super()._connection_done(fut)

@@ -23,7 +23,7 @@ import zmq.asyncio
 from jupyter_client.session import Session
 
 from kernelfleet.errors import InvalidRequest, KernelStartFailed
-from kernelfleet.gateway.framing import ClientMessage, KernelMessage, parse_kernel_frames
+from kernelfleet.gateway.framing import DELIMITER, ClientMessage, KernelMessage, parse_kernel_frames
 
 log = logging.getLogger("kernelfleet.gateway.channels")
 
@@ -177,8 +177,8 @@ class ClientLink:
         socket = self._sockets.get(message.channel)
         if socket is None:
             raise InvalidRequest(f"cannot send on channel {message.channel!r}")
-        frames = self._session.serialize(message.msg)
-        await socket.send_multipart([*frames, *message.buffers])
+        signature = self._session.sign(message.parts)
+        await socket.send_multipart([DELIMITER, signature, *message.parts, *message.buffers])
 
     def close(self) -> None:
         self._link.detach(self)

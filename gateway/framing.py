@@ -1,12 +1,16 @@
-"""The legacy Jupyter websocket framing, both ways, and the kernel-side wire checks.
+"""The two Jupyter websocket framings, both ways, and the kernel-side wire checks.
 
-A websocket message is one JSON object ``{"header", "parent_header", "metadata", "content",
+Legacy (no subprotocol): one JSON object ``{"header", "parent_header", "metadata", "content",
 "buffers", "channel"}`` in a text frame, or, when it has binary buffers, a binary frame: a
-big-endian uint32 count *n* (the JSON part plus each buffer), *n* uint32 offsets, then the
-JSON (without ``buffers``) and the buffers at those offsets.
+big-endian uint32 count *n* (the JSON part plus each buffer), *n* uint32 offsets, then the JSON
+(without ``buffers``) and the buffers at those offsets.
 
-Kernel-to-client messages are spliced from the raw ZMQ frames without re-encoding the content,
-so a large output costs one copy, not a parse and a dump.
+``v1.kernel.websocket.jupyter.org``: one binary frame, a little-endian uint64 count *n*, *n*
+uint64 offsets, then the channel name and the message's parts as raw JSON (header, parent
+header, metadata, content) followed by its buffers. JupyterLab offers it first.
+
+Messages keep their JSON parts raw end to end where they can: a kernel message is spliced into
+a frame without parsing its content, and a v1 client message is signed and sent as it came.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 from kernelfleet.errors import InvalidRequest
 
+V1_PROTOCOL = "v1.kernel.websocket.jupyter.org"
 CLIENT_CHANNELS = frozenset({"shell", "control", "stdin"})
 DELIMITER = b"<IDS|MSG>"
 _REQUIRED_DICTS = ("header", "parent_header", "metadata", "content")
@@ -39,19 +44,18 @@ class BadSignature(InvalidRequest):
 
 @dataclass
 class ClientMessage:
-    """A message from a websocket client, checked and ready to sign and send to a kernel."""
+    """A message from a websocket client, checked, as the four JSON parts a kernel expects."""
 
     channel: str
-    msg: dict[str, Any]
+    msg_type: str
+    parts: list[bytes]  # header, parent_header, metadata, content: raw JSON
     buffers: list[bytes] = field(default_factory=list)
 
-    @property
-    def msg_type(self) -> str:
-        return str(self.msg["header"]["msg_type"])
 
-
-def parse_client_frame(frame: str | bytes) -> ClientMessage:
+def parse_client_frame(frame: str | bytes, protocol: str | None = None) -> ClientMessage:
     """Decode one websocket frame from a client; raises `MalformedFrame` saying what is wrong."""
+    if protocol == V1_PROTOCOL:
+        return _parse_v1_frame(frame)
     buffers: list[bytes] = []
     if isinstance(frame, bytes):
         json_bytes, buffers = _split_binary_frame(frame)
@@ -65,25 +69,53 @@ def parse_client_frame(frame: str | bytes) -> ClientMessage:
     if not isinstance(msg, dict):
         raise MalformedFrame("the frame must hold a JSON object")
     # jupyter_server's own gateway client sends no channel; its servers read that as shell.
-    channel = msg.pop("channel", None) or "shell"
+    channel = _checked_channel(msg.get("channel") or "shell")
+    for key in _REQUIRED_DICTS:
+        if not isinstance(msg.setdefault(key, {}), dict):
+            raise MalformedFrame(f"'{key}' must be a JSON object")
+    if msg.get("buffers") and not buffers:
+        raise MalformedFrame("buffers must travel in a binary frame, not inside the JSON")
+    msg_type = _checked_header(msg["header"])
+    parts = [json.dumps(msg[key], default=str).encode() for key in _REQUIRED_DICTS]
+    return ClientMessage(channel, msg_type, parts, buffers)
+
+
+def _parse_v1_frame(frame: str | bytes) -> ClientMessage:
+    if not isinstance(frame, bytes):
+        raise MalformedFrame("the v1 protocol sends binary frames only")
+    if len(frame) < 8:
+        raise MalformedFrame("a v1 frame needs at least its offset count")
+    count = int.from_bytes(frame[:8], "little")
+    if count < 6 or 8 * (count + 1) > len(frame):
+        raise MalformedFrame(f"a v1 frame declares {count} offsets but is {len(frame)} bytes long")
+    offsets = [int.from_bytes(frame[8 * (i + 1) : 8 * (i + 2)], "little") for i in range(count)]
+    if offsets[0] != 8 * (count + 1) or offsets[-1] != len(frame) or offsets != sorted(offsets):
+        raise MalformedFrame(f"a v1 frame has inconsistent offsets {offsets}")
+    pieces = [frame[a:b] for a, b in itertools.pairwise(offsets)]
+    try:
+        channel = _checked_channel(pieces[0].decode())
+        header = json.loads(pieces[1])
+    except (ValueError, UnicodeDecodeError) as e:
+        raise MalformedFrame(f"a v1 frame's channel or header is not readable: {e}") from None
+    if not isinstance(header, dict):
+        raise MalformedFrame("'header' must be a JSON object")
+    return ClientMessage(channel, _checked_header(header), pieces[1:5], pieces[5:])
+
+
+def _checked_channel(channel: Any) -> str:
     if channel not in CLIENT_CHANNELS:
         raise MalformedFrame(
             f"unknown channel {channel!r}; a client sends on shell, control or stdin"
         )
-    for key in _REQUIRED_DICTS:
-        value = msg.setdefault(key, {})
-        if not isinstance(value, dict):
-            raise MalformedFrame(f"'{key}' must be a JSON object")
-    header = msg["header"]
+    return str(channel)
+
+
+def _checked_header(header: dict[str, Any]) -> str:
+    """The message type, once the header has the fields a kernel needs."""
     for key in ("msg_id", "msg_type"):
         if not isinstance(header.get(key), str) or not header[key]:
             raise MalformedFrame(f"the header needs a non-empty string '{key}'")
-    inline_buffers = msg.pop("buffers", None) or []
-    if inline_buffers and not buffers:
-        raise MalformedFrame("buffers must travel in a binary frame, not inside the JSON")
-    msg.pop("msg_id", None)
-    msg.pop("msg_type", None)
-    return ClientMessage(channel=channel, msg=msg, buffers=buffers)
+    return str(header["msg_type"])
 
 
 def _split_binary_frame(frame: bytes) -> tuple[bytes, list[bytes]]:
@@ -103,16 +135,14 @@ def _split_binary_frame(frame: bytes) -> tuple[bytes, list[bytes]]:
     return parts[0], parts[1:]
 
 
-def client_frame(
-    msg: dict[str, Any], channel: str, buffers: list[bytes] | None = None
-) -> str | bytes:
-    """Encode a message for a websocket client (the inverse of `parse_client_frame`)."""
-    body = {key: msg.get(key, {}) for key in _REQUIRED_DICTS}
-    body["channel"] = channel
-    if not buffers:
-        body["buffers"] = []
-        return json.dumps(body, default=str)
-    return binary_frame(json.dumps(body, default=str).encode(), buffers)
+def v1_frame(channel: str, parts: list[bytes], buffers: list[bytes]) -> bytes:
+    """A ``v1.kernel.websocket.jupyter.org`` frame: uint64 count, uint64 offsets, the pieces."""
+    pieces = [channel.encode(), *parts, *buffers]
+    offsets = [8 * (len(pieces) + 2)]
+    for piece in pieces:
+        offsets.append(offsets[-1] + len(piece))
+    head = len(offsets).to_bytes(8, "little") + b"".join(o.to_bytes(8, "little") for o in offsets)
+    return b"".join([head, *pieces])
 
 
 def binary_frame(json_part: bytes, buffers: list[bytes]) -> bytes:
@@ -138,8 +168,18 @@ class KernelMessage:
     def msg_type(self) -> str:
         return str(self.header.get("msg_type", ""))
 
-    def to_client_frame(self, channel: str) -> str | bytes:
-        """The websocket frame for this message, spliced from the raw parts.
+    def to_client_frame(self, channel: str, protocol: str | None = None) -> str | bytes:
+        """The websocket frame for this message in the client's framing."""
+        if protocol == V1_PROTOCOL:
+            return v1_frame(channel, self.raw_parts, self.buffers)
+        return self.to_legacy_frame(channel)
+
+    @property
+    def raw_parts(self) -> list[bytes]:
+        return [self.raw_header, self.raw_parent_header, self.raw_metadata, self.raw_content]
+
+    def to_legacy_frame(self, channel: str) -> str | bytes:
+        """The legacy websocket frame for this message, spliced from the raw parts.
 
         Like jupyter_server's frames it repeats ``msg_id`` and ``msg_type`` at the top level,
         which jupyter_server's own gateway client reads.

@@ -56,7 +56,9 @@ class Fleet:
     url: str = ""
 
     def spawn(self, label: str, *args: str) -> subprocess.Popen:
-        log = (self.state_dir / f"{label}.log").open("wb")  # a stale log would mislead start_gateway
+        log = (self.state_dir / f"{label}.log").open(
+            "wb"
+        )  # a stale log would mislead start_gateway
         return subprocess.Popen(
             [sys.executable, "-m", "kernelfleet", *args],
             stdin=subprocess.DEVNULL,
@@ -141,13 +143,18 @@ class Fleet:
             + f"/api/kernels/{kernel_id}/channels?session_id={session_id}"
         )
 
-    async def connect(self, kernel_id: str, token: str | None = None) -> KernelWebsocket:
+    async def connect(
+        self, kernel_id: str, token: str | None = None, subprotocol: str | None = None
+    ) -> KernelWebsocket:
         """A websocket kernel client straight to the gateway (no jupyter_server in between)."""
         from tornado.httpclient import HTTPRequest
         from tornado.websocket import websocket_connect
 
         headers = {"Authorization": f"token {self.token if token is None else token}"}
-        ws = await websocket_connect(HTTPRequest(self.ws_url(kernel_id), headers=headers))
+        ws = await websocket_connect(
+            HTTPRequest(self.ws_url(kernel_id), headers=headers),
+            subprotocols=[subprotocol] if subprotocol else None,
+        )
         return KernelWebsocket(ws)
 
     # ---- processes -------------------------------------------------------------------------
@@ -232,11 +239,19 @@ class Reply:
         return [m for m in self.iopub if m["header"]["msg_type"] == msg_type]
 
 
+V1_PROTOCOL = "v1.kernel.websocket.jupyter.org"
+
+
 class KernelWebsocket:
-    """Speaks the legacy websocket framing: sends requests, collects replies and IOPub by parent."""
+    """A kernel client over a websocket: sends requests, collects replies and IOPub by parent.
+
+    Speaks the framing the server selected (``ws.selected_subprotocol``): v1 or legacy. It
+    encodes and decodes with jupyter_server's own functions, independent of the gateway's code.
+    """
 
     def __init__(self, ws: WebSocketClientConnection) -> None:
         self.ws = ws
+        self.protocol = ws.selected_subprotocol
         self.session = Session(username="test")
         self.unclaimed: list[dict[str, Any]] = []
         self._pending: list[dict[str, Any]] = []
@@ -249,9 +264,17 @@ class KernelWebsocket:
         buffers: list[bytes] | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> str:
-        from jupyter_server.services.kernels.connection.base import serialize_binary_message
+        from jupyter_server.services.kernels.connection.base import (
+            serialize_binary_message,
+            serialize_msg_to_ws_v1,
+        )
 
         msg = self.session.msg(msg_type, content=content, metadata=metadata or {})
+        if self.protocol == V1_PROTOCOL:
+            parts = [self.session.pack(msg[key]) for key in ("header", "parent_header", "metadata")]
+            parts.append(self.session.pack(content))
+            self.ws.write_message(serialize_msg_to_ws_v1([*parts, *(buffers or [])], channel), True)
+            return msg["header"]["msg_id"]
         msg["channel"] = channel
         if buffers:
             msg["buffers"] = buffers
@@ -262,11 +285,20 @@ class KernelWebsocket:
         return msg["header"]["msg_id"]
 
     async def receive(self, timeout: float = 30) -> dict[str, Any]:
-        from jupyter_server.services.kernels.connection.base import deserialize_binary_message
+        from jupyter_server.services.kernels.connection.base import (
+            deserialize_binary_message,
+            deserialize_msg_from_ws_v1,
+        )
 
         frame = await asyncio.wait_for(self.ws.read_message(), timeout)
         if frame is None:
             raise ConnectionError("the websocket closed")
+        if self.protocol == V1_PROTOCOL:
+            assert isinstance(frame, bytes), "v1 frames are binary"
+            channel, pieces = deserialize_msg_from_ws_v1(frame)
+            keys = ("header", "parent_header", "metadata", "content")
+            msg = {key: json.loads(piece) for key, piece in zip(keys, pieces, strict=False)}
+            return {**msg, "channel": channel, "buffers": pieces[4:]}
         if isinstance(frame, bytes):
             return deserialize_binary_message(frame)
         return json.loads(frame)

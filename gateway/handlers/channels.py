@@ -1,4 +1,4 @@
-"""The kernel channels websocket, legacy framing (REFERENCE.md §1).
+"""The kernel channels websocket, in the v1 framing when offered, legacy otherwise.
 
 The token is checked before the upgrade, so a wrong token gets a 401/403 JSON answer, not a
 websocket. A malformed frame is logged with the reason and dropped; the connection and every
@@ -14,7 +14,7 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.gateway.channels import ClientLink
-from kernelfleet.gateway.framing import KernelMessage, parse_client_frame
+from kernelfleet.gateway.framing import V1_PROTOCOL, KernelMessage, parse_client_frame
 from kernelfleet.web import JsonErrorsMixin, TokenAuthMixin
 
 log = logging.getLogger("kernelfleet.gateway.websocket")
@@ -22,6 +22,12 @@ log = logging.getLogger("kernelfleet.gateway.websocket")
 
 class ChannelsHandler(TokenAuthMixin, JsonErrorsMixin, WebSocketHandler):
     client: ClientLink | None = None
+    protocol: str | None = None
+
+    def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+        """Speak v1 when the client offers it (JupyterLab does); legacy framing otherwise."""
+        self.protocol = V1_PROTOCOL if V1_PROTOCOL in subprotocols else None
+        return self.protocol
 
     def check_origin(self, origin: str) -> bool:
         # Callers are Jupyter servers and scripts, not browsers; the token is what authenticates.
@@ -50,7 +56,7 @@ class ChannelsHandler(TokenAuthMixin, JsonErrorsMixin, WebSocketHandler):
         if self.client is None:
             return
         try:
-            await self.client.send(parse_client_frame(message))
+            await self.client.send(parse_client_frame(message, self.protocol))
         except InvalidRequest as e:
             log.error("kernel %s: dropped a client message (%s): %s", self.kernel_id, e.reason, e)
 
@@ -66,7 +72,7 @@ class ChannelsHandler(TokenAuthMixin, JsonErrorsMixin, WebSocketHandler):
         self.close(code=1012, reason="the kernel moved or stopped; reconnect")
 
     def _deliver(self, channel: str, message: KernelMessage) -> None:
-        frame = message.to_client_frame(channel)
+        frame = message.to_client_frame(channel, self.protocol)
         try:
             self.write_message(frame, binary=isinstance(frame, bytes))
         except WebSocketClosedError:

@@ -8,10 +8,13 @@ import pytest
 from jupyter_client.session import Session
 from jupyter_server.services.kernels.connection.base import (
     deserialize_binary_message,
+    deserialize_msg_from_ws_v1,
     serialize_binary_message,
+    serialize_msg_to_ws_v1,
 )
 
 from kernelfleet.gateway.framing import (
+    V1_PROTOCOL,
     BadSignature,
     MalformedFrame,
     kernel_message_from_dict,
@@ -26,12 +29,58 @@ def client_msg(**extra):
     return msg
 
 
+def parts_as_dicts(parsed):
+    return [json.loads(part) for part in parsed.parts]
+
+
 def test_text_frame_round_trip():
-    parsed = parse_client_frame(json.dumps(client_msg(), default=str))
+    msg = client_msg()
+    parsed = parse_client_frame(json.dumps(msg, default=str))
     assert parsed.channel == "shell"
     assert parsed.msg_type == "execute_request"
-    assert parsed.msg["content"] == {"code": "1"}
+    header, parent, metadata, content = parts_as_dicts(parsed)
+    assert header["msg_id"] == msg["header"]["msg_id"]
+    assert (parent, metadata, content) == ({}, {}, {"code": "1"})
     assert parsed.buffers == []
+
+
+def test_v1_frame_from_jupyter_server_is_understood_without_reencoding():
+    msg = client_msg()
+    parts = [
+        json.dumps(msg[k], default=str).encode()
+        for k in ("header", "parent_header", "metadata", "content")
+    ]
+    frame = serialize_msg_to_ws_v1([*parts, b"\x00\xffbuf"], "control")
+    parsed = parse_client_frame(frame, V1_PROTOCOL)
+    assert (parsed.channel, parsed.msg_type) == ("control", "execute_request")
+    assert parsed.parts == parts
+    assert parsed.buffers == [b"\x00\xffbuf"]
+
+
+@pytest.mark.parametrize(
+    ("frame", "complaint"),
+    [
+        ("text", "binary frames only"),
+        (b"\x01", "offset count"),
+        ((99).to_bytes(8, "little") + b"\x00" * 8, "declares 99 offsets"),
+        (serialize_msg_to_ws_v1([b"{}"] * 4, "iopub"), "unknown channel 'iopub'"),
+        (serialize_msg_to_ws_v1([b"{}"] * 4, "shell"), "msg_id"),
+        (serialize_msg_to_ws_v1([b"not json", b"{}", b"{}", b"{}"], "shell"), "not readable"),
+    ],
+)
+def test_malformed_v1_frames_say_what_is_wrong(frame, complaint):
+    with pytest.raises(MalformedFrame, match=complaint):
+        parse_client_frame(frame, V1_PROTOCOL)
+
+
+def test_kernel_message_as_v1_frame_is_what_jupyter_server_reads():
+    session = Session(key=b"secret")
+    msg = session.msg("stream", content={"name": "stdout", "text": "héllo\n"})
+    parsed = parse_kernel_frames(signed_frames(session, msg, [b"\x01\x02"]), session.auth)
+    channel, pieces = deserialize_msg_from_ws_v1(parsed.to_client_frame("iopub", V1_PROTOCOL))
+    assert channel == "iopub"
+    assert json.loads(pieces[3]) == {"name": "stdout", "text": "héllo\n"}
+    assert pieces[4:] == [b"\x01\x02"]
 
 
 def test_missing_channel_means_shell_as_in_jupyter_server():
@@ -45,7 +94,7 @@ def test_binary_frame_from_jupyter_server_is_understood():
     msg["buffers"] = [b"\x00\xffraw", b"", b"x" * 1000]
     parsed = parse_client_frame(serialize_binary_message(msg))
     assert parsed.buffers == [b"\x00\xffraw", b"", b"x" * 1000]
-    assert parsed.msg["content"] == {"code": "1"}
+    assert parts_as_dicts(parsed)[3] == {"code": "1"}
 
 
 @pytest.mark.parametrize(
@@ -53,7 +102,7 @@ def test_binary_frame_from_jupyter_server_is_understood():
     [
         ("not json", "not valid JSON"),
         ("[1, 2]", "JSON object"),
-        (json.dumps({"header": {}, "channel": "iopub"}), "channel"),
+        (json.dumps({"header": {}, "channel": "iopub"}), "unknown channel"),
         (json.dumps({"channel": "shell", "header": {"msg_type": "x"}}), "msg_id"),
         (
             json.dumps(

@@ -7,7 +7,7 @@ import json
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from kernelfleet.testing import KernelWebsocket
+from kernelfleet.testing import V1_PROTOCOL, KernelWebsocket
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -18,9 +18,20 @@ async def start_kernel(jp_fetch, name="python3"):
     return json.loads(response.body)
 
 
-async def connect(jp_ws_fetch, kernel_id):
-    ws = await jp_ws_fetch("api", "kernels", kernel_id, "channels", params={"session_id": "t"})
-    return KernelWebsocket(ws)
+@pytest.fixture(params=[V1_PROTOCOL, None], ids=["v1", "legacy"])
+def framing(request):
+    """Both websocket framings: v1, as JupyterLab offers it, and legacy."""
+    return request.param
+
+
+async def connect(jp_ws_fetch, kernel_id, framing=None):
+    ws = await jp_ws_fetch(
+        "api", "kernels", kernel_id, "channels",
+        params={"session_id": "t"}, subprotocols=[framing] if framing else None,
+    )  # fmt: skip
+    client = KernelWebsocket(ws)
+    assert client.protocol == framing, "the relay negotiates the framing the client offered"
+    return client
 
 
 async def test_kernelspecs_and_logo(jp_fetch):
@@ -33,10 +44,10 @@ async def test_kernelspecs_and_logo(jp_fetch):
     assert logo.body.startswith(b"\x89PNG")
 
 
-async def test_execute_stdout_display_and_errors(jp_fetch, jp_ws_fetch, fleet):
+async def test_execute_stdout_display_and_errors(jp_fetch, jp_ws_fetch, fleet, framing):
     kernel = await start_kernel(jp_fetch)
     assert kernel["last_activity"].endswith("Z")
-    kernel_ws = await connect(jp_ws_fetch, kernel["id"])
+    kernel_ws = await connect(jp_ws_fetch, kernel["id"], framing)
     try:
         result = await kernel_ws.execute("print('hello from a fleet kernel'); x = 41")
         assert result.reply["status"] == "ok"
@@ -115,9 +126,9 @@ get_ipython().kernel.comm_manager.register_target("echo", _echo)
 """
 
 
-async def test_comm_round_trip_with_binary_buffers_both_ways(jp_fetch, jp_ws_fetch):
+async def test_comm_round_trip_with_binary_buffers_both_ways(jp_fetch, jp_ws_fetch, framing):
     kernel = await start_kernel(jp_fetch)
-    kernel_ws = await connect(jp_ws_fetch, kernel["id"])
+    kernel_ws = await connect(jp_ws_fetch, kernel["id"], framing)
     try:
         assert (await kernel_ws.execute(ECHO_TARGET)).reply["status"] == "ok"
         kernel_ws.send("comm_open", {"comm_id": "c1", "target_name": "echo", "data": {}})
