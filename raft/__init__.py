@@ -1,1 +1,70 @@
-"""Replication over pysyncobj: a typed replicated log per kernel (comes with replicated kernels)."""
+"""Replication over pysyncobj: a typed replicated log per kernel.
+
+- `entries`: the small, plain-data entry types and their wire form (size-limited).
+- `election`: NotebookOS executor election as pure functions.
+- `log`: `KernelLog`, a replica's Raft node with an asyncio API.
+"""
+
+from .config import LogConfig
+from .election import Decision, Failed, FailureReason, Undecided, Winner, decide, first_vote
+from .entries import (
+    MAX_ENTRY_BYTES,
+    Completion,
+    CompletionStatus,
+    Entry,
+    MembershipChange,
+    MembershipNote,
+    Proposal,
+    Role,
+    StateDelta,
+    UnknownEntry,
+    Vote,
+    decode,
+    encode,
+)
+from .errors import (
+    BindFailed,
+    EntryFormatError,
+    EntryTooLarge,
+    FailReason,
+    InvalidEntry,
+    LogClosed,
+    NotCommitted,
+    NotReady,
+    RaftError,
+)
+from .log import KernelLog
+
+__all__ = [
+    "MAX_ENTRY_BYTES",
+    "BindFailed",
+    "Completion",
+    "CompletionStatus",
+    "Decision",
+    "Entry",
+    "EntryFormatError",
+    "EntryTooLarge",
+    "FailReason",
+    "Failed",
+    "FailureReason",
+    "InvalidEntry",
+    "KernelLog",
+    "LogClosed",
+    "LogConfig",
+    "MembershipChange",
+    "MembershipNote",
+    "NotCommitted",
+    "NotReady",
+    "Proposal",
+    "RaftError",
+    "Role",
+    "StateDelta",
+    "Undecided",
+    "UnknownEntry",
+    "Vote",
+    "Winner",
+    "decide",
+    "decode",
+    "encode",
+    "first_vote",
+]
