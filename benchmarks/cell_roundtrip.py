@@ -44,7 +44,7 @@ from typing import Any
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.websocket import websocket_connect
 
-from kernelfleet.testing import Fleet, KernelWebsocket, start_fleet
+from kernelfleet.testing import V1_PROTOCOL, Fleet, KernelWebsocket, start_fleet
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
@@ -60,7 +60,7 @@ PAIRS = {  # ratio: what it compares
     "E/B": "gateway directly vs local (Nagle off)",
 }
 LIKE_FOR_LIKE = (
-    "Like-for-like: one client (tornado websocket, TCP_NODELAY on its socket, legacy JSON frames, "
+    "Like-for-like: one client (tornado websocket, TCP_NODELAY on its socket, {framing} frames, "
     "cell 'x = 1', timed to execute_reply + idle) for every configuration; A-D are the same "
     "jupyter_server with the same flags except the one under test (B and D both switch Nagle off "
     "on the server's client-facing websocket with the same set_nodelay(True) call in connect, A "
@@ -110,6 +110,8 @@ class Endpoint:
     process: subprocess.Popen | None = None
     log_path: Path | None = None
     children: set[int] = field(default_factory=set)
+    framing: str | None = None
+    """The websocket subprotocol the client offers (None: legacy JSON frames)."""
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path else ""
@@ -231,11 +233,14 @@ async def call(endpoint: Endpoint, method: str, path: str, body: Any = None) -> 
 
 
 async def open_channels(endpoint: Endpoint, kernel_id: str) -> KernelWebsocket:
-    """The kernel websocket (no subprotocol: legacy JSON frames), Nagle off on the client side."""
+    """The kernel websocket, offering the endpoint's framing; Nagle off on the client side."""
     url = endpoint.url.replace("http", "ws", 1)
     url += f"/api/kernels/{kernel_id}/channels?session_id={uuid.uuid4()}"
     headers = {"Authorization": f"token {endpoint.token}"}
-    ws = await websocket_connect(HTTPRequest(url, headers=headers, request_timeout=120))
+    ws = await websocket_connect(
+        HTTPRequest(url, headers=headers, request_timeout=120),
+        subprotocols=[endpoint.framing] if endpoint.framing else None,
+    )
     ws.protocol.set_nodelay(True)
     return KernelWebsocket(ws)
 
@@ -359,10 +364,11 @@ def summarize(
             "warmup": args.warmup,
             "kernel_starts": args.starts,
             "cell": CELL,
+            "framing": args.framing,
         },
         "configurations": results,
         "ratios": ratios,
-        "like_for_like": LIKE_FOR_LIKE,
+        "like_for_like": LIKE_FOR_LIKE.format(framing=args.framing),
     }
 
 
@@ -440,6 +446,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=10, help="untimed cells first, per kernel")
     parser.add_argument("--starts", type=int, default=9, help="kernel starts per configuration")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument(
+        "--framing",
+        choices=["legacy", "v1"],
+        default="legacy",
+        help="websocket framing the client offers (JupyterLab offers v1; stock gateway mode "
+        "falls back to legacy in C)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work folder (server logs)")
     args = parser.parse_args(argv)
     if args.cells < 1 or args.starts < 1 or args.warmup < 0:
@@ -463,7 +476,10 @@ def run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         for server in servers:
             wait_until_serving(server)
         direct = Endpoint(configs[-1], fleet.url, fleet.token)
-        return asyncio.run(benchmark([*servers, direct], args))
+        endpoints = [*servers, direct]
+        for endpoint in endpoints:
+            endpoint.framing = V1_PROTOCOL if args.framing == "v1" else None
+        return asyncio.run(benchmark(endpoints, args))
     finally:
         progress("stopping every process")
         for server in servers:
