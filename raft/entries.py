@@ -177,9 +177,12 @@ class Vote(_Entry):
 class StateDelta(_Entry):
     """The executor's namespace changes after cell `cell_id`, applied by followers in log order.
 
-    `changed` maps names to small pickled values; `pointers` maps names to object-store keys
-    (values too large for the log); `deleted` lists removed names. `execution_count` is the
-    kernel's count after the cell. Mappings are copied on construction; do not mutate them.
+    `changed` maps names (or comma-joined groups of names that share objects) to small pickled
+    values; `pointers` maps them to object-store keys (values too large for the log); `deleted`
+    lists removed names; `imports` maps names to module names; `problems` names values that do
+    not sync, and why; `digests` fingerprints names that travelled in a group (see
+    ``kernels.statesync``). `execution_count` is the kernel's count after the cell. Mappings are
+    copied on construction; do not mutate them.
     """
 
     KIND: ClassVar[str] = "state-delta"
@@ -190,10 +193,20 @@ class StateDelta(_Entry):
     pointers: Mapping[str, str] = field(default_factory=dict)
     deleted: tuple[str, ...] = ()
     execution_count: int = 0
+    imports: Mapping[str, str] = field(default_factory=dict)
+    problems: Mapping[str, str] = field(default_factory=dict)
+    digests: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _text("cell_id", self.cell_id)
         _text("replica_id", self.replica_id)
+        for name in ("imports", "problems", "digests"):
+            mapping = dict(getattr(self, name))
+            for key, value in mapping.items():
+                _text(f"{name} name", key)
+                if not isinstance(value, str):
+                    raise InvalidEntry(f"{name}[{key!r}] must be a string, not {type(value)}")
+            object.__setattr__(self, name, mapping)
         changed = dict(self.changed)
         for name, value in changed.items():
             _text("changed name", name)
@@ -221,6 +234,9 @@ class StateDelta(_Entry):
             "pointers": dict(self.pointers),
             "deleted": list(self.deleted),
             "execution_count": self.execution_count,
+            "imports": dict(self.imports),
+            "problems": dict(self.problems),
+            "digests": dict(self.digests),
         }
 
 
