@@ -43,6 +43,8 @@ from .handlers import handlers
 from .heartbeat import GatewayHeartbeat
 from .replicas import ID_PATTERN, ReplicaTable
 
+PACKAGED_KERNELSPECS = Path(__file__).resolve().parent / "kernelspecs"
+
 HOST_ID_FILE = "host-id"
 _WILDCARD_IPS = ("", "0.0.0.0", "::")
 
@@ -371,6 +373,8 @@ class HostAgentApp(Application):
 
     def init_replicas(self) -> None:
         self.kernel_spec_manager = KernelSpecManager(parent=self)
+        # The replicated kernel's spec ships with the package, beside the installed ones.
+        self.kernel_spec_manager.kernel_dirs.append(str(PACKAGED_KERNELSPECS))
         self.replicas = ReplicaTable(
             state_dir=self.state_path,
             kernel_spec_manager=self.kernel_spec_manager,

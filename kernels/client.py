@@ -74,8 +74,11 @@ class HostAgentClient:
         kernel_name: str,
         env: dict[str, str] | None = None,
         launch_timeout: float | None = None,
+        raft: bool = False,
     ) -> dict[str, Any]:
         """Launch a replica; returns its model once the kernel answered ``kernel_info``.
+
+        With `raft`, the host reserves a Raft port for it (``raft_address`` in the model).
 
         Raises ``NotFound`` (unknown kernelspec), ``Conflict`` (replica id in use),
         ``InvalidRequest``, ``KernelStartFailed`` (message: the kernel's output tail) or
@@ -88,6 +91,7 @@ class HostAgentClient:
             "kernel_name": kernel_name,
             "env": env,
             "launch_timeout": launch_timeout,
+            "raft": raft,
         }
         result: dict[str, Any] = await self._call(
             "POST", "/api/replicas", body, budget=self._launch_budget(launch_timeout, env)

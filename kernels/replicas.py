@@ -18,6 +18,7 @@ import math
 import os
 import queue
 import re
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -85,6 +86,8 @@ class ReplicaRequest:
     kernel_name: str
     env: dict[str, str] = field(default_factory=dict)
     launch_timeout: float | None = None
+    raft: bool = False
+    """Reserve a Raft port for the replica (reported as ``raft_address``)."""
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> ReplicaRequest:
@@ -107,7 +110,15 @@ class ReplicaRequest:
             kernel_name=_required_str(body, "kernel_name"),
             env=dict(env),
             launch_timeout=parse_timeout(body.get("launch_timeout"), "launch_timeout"),
+            raft=_optional_bool(body, "raft"),
         )
+
+
+def _optional_bool(body: Mapping[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{name!r} must be true or false")
+    return value
 
 
 def _required_str(body: Mapping[str, Any], name: str) -> str:
@@ -157,6 +168,7 @@ class Replica:
         self.lock = asyncio.Lock()
         self.log_file: IO[bytes] | None = None
         self.launch_timeout = launch_timeout  # the default for restarts
+        self.raft_address: str | None = None
 
     def open_log(self) -> None:
         """Open kernel.log for appending (the kernel's stdout and stderr); kept open until stop."""
@@ -191,6 +203,7 @@ class Replica:
             "state": self.state.value,
             "exit_code": self.exit_code,
             "connection": self.connection(),
+            "raft_address": self.raft_address,
         }
 
     def log_tail(self, offset: int = 0, lines: int = LOG_TAIL_LINES) -> str:
@@ -283,6 +296,8 @@ class ReplicaTable:
             shutdown_wait_time=self.stop_timeout,
         )
         replica = Replica(request, km, directory, timeout)
+        if request.raft:
+            replica.raft_address = f"{self.kernel_ip}:{_free_port(self.kernel_ip)}"
         self._replicas[replica.id] = replica
         self._changed()
         async with replica.lock:
@@ -436,6 +451,7 @@ class ReplicaTable:
         env.update(request.env)
         env["KERNELFLEET_KERNEL_ID"] = request.kernel_id
         env["KERNELFLEET_REPLICA_ID"] = request.replica_id
+        env["KERNELFLEET_REPLICA_DIR"] = str(self.replicas_dir / request.replica_id)
         return env
 
     def _kernel_cwd(self, request: ReplicaRequest) -> Path:
@@ -598,3 +614,10 @@ async def _kill_quietly(replica: Replica) -> int | None:
     except Exception:
         log.exception("replica %s: could not kill its process", replica.id)
         return None
+
+
+def _free_port(ip: str) -> int:
+    """A port free on `ip` now (the replica binds it when it joins its Raft group)."""
+    with socket.socket() as sock:
+        sock.bind((ip, 0))
+        return int(sock.getsockname()[1])

@@ -1,0 +1,191 @@
+"""ReplicatedKernel: an ipykernel whose namespace follows its kernel's Raft log.
+
+Each replica of a kernel runs this kernel. Until the gateway sends ``kernelfleet_join_request``
+it is a plain IPython kernel. The join (a shell message, so it runs on the main thread, where
+the Raft log's callbacks then arrive) carries::
+
+    {"replica_id", "address": "ip:port", "peers": ["ip:port", ...], "password", "store_root"}
+
+and is answered ``kernelfleet_join_reply`` ``{"status": "ok"}`` once the group has a leader.
+After that:
+
+- before it runs a cell, the replica commits a LEAD `Proposal` for it. That records who ran the
+  cell and is a barrier: the append returns only once every earlier entry, every earlier
+  cell's delta included, has been applied here. A replica that cannot reach a majority of its
+  group refuses the cell instead of running it on stale state;
+- after each cell it ran, the replica publishes the cell's namespace delta as a `StateDelta`
+  (after its ``execute_reply`` went out, before it handles the next message);
+- it applies every other replica's `StateDelta` in log order and takes its execution count, so
+  whichever replica runs the next cell holds the state of every committed cell.
+
+Run as ``python -m kernelfleet.kernels.replicated -f CONNECTION_FILE``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ipykernel.ipkernel import IPythonKernel
+from ipykernel.kernelapp import IPKernelApp
+
+from kernelfleet import __version__
+from kernelfleet.raft import KernelLog, Proposal, Role, StateDelta
+
+from .objectstore import LocalDirectoryStore, ObjectStore
+from .statesync import NamespaceTracker, apply, encode
+from .statesync_delta import ApplyFailed, EncodedDelta
+
+PUBLISH_DEADLINE = 30.0  # seconds to get a cell's delta committed (leader changes included)
+LEAD_DEADLINE = 5.0  # seconds to commit the LEAD proposal before refusing the cell
+
+
+@dataclass
+class _Group:
+    """What a replica holds once it joined its kernel's Raft group."""
+
+    raft: KernelLog
+    tracker: NamespaceTracker
+    store: ObjectStore
+
+
+class ReplicatedKernel(IPythonKernel):
+    implementation = "kernelfleet"
+    implementation_version = __version__
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.shell_handlers["kernelfleet_join_request"] = self.kernelfleet_join_request
+        self.replica_id = os.environ.get("KERNELFLEET_REPLICA_ID", "")
+        self.replica_dir = Path(os.environ.get("KERNELFLEET_REPLICA_DIR", "."))
+        self.group: _Group | None = None
+
+    @property
+    def user_shell(self) -> Any:
+        assert self.shell is not None, "the kernel's shell exists from construction on"
+        return self.shell
+
+    async def kernelfleet_join_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        """Join the kernel's Raft group; reply once it has a leader (or why it could not)."""
+        content = parent["content"]
+        try:
+            await self._join(content)
+            reply: dict[str, Any] = {"status": "ok", "replica_id": self.replica_id}
+        except Exception as e:
+            self.log.exception("replica %s could not join its group", self.replica_id)
+            reply = {"status": "error", "ename": type(e).__name__, "evalue": str(e)}
+        assert self.session is not None
+        self.session.send(stream, "kernelfleet_join_reply", reply, parent, ident)
+
+    async def _join(self, content: dict[str, Any]) -> None:
+        if self.group is not None:
+            raise RuntimeError(f"replica {self.replica_id} has already joined its group")
+        self.replica_id = content.get("replica_id") or self.replica_id
+        shell = self.user_shell
+        tracker = NamespaceTracker(shell.user_ns, hidden=shell.user_ns_hidden)
+        store = LocalDirectoryStore(content["store_root"])
+        raft = KernelLog(
+            content["address"],
+            list(content["peers"]),
+            password=content["password"],
+            data_dir=self.replica_dir / "raft",
+            loop=asyncio.get_running_loop(),
+            on_commit=self._on_commit,
+        )
+        self.group = _Group(raft, tracker, store)
+        await raft.wait_ready(timeout=float(content.get("timeout", 20)))
+        self.log.info(
+            "replica %s joined its group (%d peers)", self.replica_id, len(content["peers"])
+        )
+
+    async def execute_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        group = self.group
+        if group is None:
+            await super().execute_request(stream, ident, parent)
+            return
+        cell_id = parent["header"]["msg_id"]
+        lead = Proposal(cell_id=cell_id, replica_id=self.replica_id, role=Role.LEAD)
+        try:
+            await group.raft.append_with_retry(lead, time.monotonic() + LEAD_DEADLINE)
+        except Exception as e:
+            self.log.error("replica %s cannot lead cell %s: %s", self.replica_id, cell_id, e)
+            self._refuse(stream, ident, parent, f"this replica cannot reach its group ({e})")
+            return
+        await super().execute_request(stream, ident, parent)
+        await self._publish(group, cell_id)
+
+    def _refuse(self, stream: Any, ident: Any, parent: dict, why: str) -> None:
+        content = {
+            "status": "error",
+            "ename": "ReplicaIsolated",
+            "evalue": why,
+            "traceback": [f"ReplicaIsolated: {why}"],
+            "execution_count": self.user_shell.execution_count,
+        }
+        assert self.session is not None
+        self.session.send(stream, "execute_reply", content, parent, ident)
+
+    async def _publish(self, group: _Group, cell_id: str) -> None:
+        """Commit what the cell changed. On failure the next cell's delta includes it."""
+        delta = group.tracker.diff()
+        encoded = encode(delta, group.store)
+        entry = StateDelta(
+            cell_id=cell_id,
+            replica_id=self.replica_id,
+            changed=encoded.changed,
+            pointers=encoded.pointers,
+            deleted=tuple(encoded.deleted),
+            execution_count=self.user_shell.execution_count,
+            imports=encoded.imports,
+            problems=encoded.problems,
+            digests=encoded.digests,
+        )
+        try:
+            await group.raft.append_with_retry(entry, time.monotonic() + PUBLISH_DEADLINE)
+        except Exception:
+            self.log.exception(
+                "replica %s: cell %s's state is unpublished", self.replica_id, cell_id
+            )
+            return
+        group.tracker.commit(delta, encoded)
+        for name, why in encoded.problems.items():
+            print(
+                f"kernelfleet: {name} does not sync to the other replicas: {why}", file=sys.stderr
+            )
+
+    def _on_commit(self, index: int, entry: Any) -> None:
+        """Apply another replica's delta (on the main loop, in log order)."""
+        group = self.group
+        if (
+            group is None
+            or not isinstance(entry, StateDelta)
+            or entry.replica_id == self.replica_id
+        ):
+            return
+        encoded = EncodedDelta(
+            changed=dict(entry.changed),
+            pointers=dict(entry.pointers),
+            imports=dict(entry.imports),
+            deleted=list(entry.deleted),
+            problems=dict(entry.problems),
+            digests=dict(entry.digests),
+        )
+        shell = self.user_shell
+        try:
+            apply(encoded, shell.user_ns, group.store, tracker=group.tracker)
+        except ApplyFailed as e:
+            self.log.error("replica %s: entry %d applied in part: %s", self.replica_id, index, e)
+        shell.execution_count = entry.execution_count
+
+
+def main() -> None:
+    IPKernelApp.launch_instance(kernel_class=ReplicatedKernel)
+
+
+if __name__ == "__main__":
+    main()
