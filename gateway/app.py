@@ -13,14 +13,14 @@ from typing import cast
 import tornado.httpserver
 import tornado.netutil
 import tornado.web
-from traitlets import Float, Int, List, TraitError, Unicode, default, validate
+from traitlets import Dict, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Application
 
 from kernelfleet import __version__
 from kernelfleet.errors import FleetError
 from kernelfleet.gateway.handlers import routes
 from kernelfleet.gateway.hosts import HostRegistry
-from kernelfleet.gateway.kernel_service import KernelService
+from kernelfleet.gateway.kernel_service import KernelService, ReplicationSettings
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
 from kernelfleet.scheduler import load_policy
 from kernelfleet.web import new_token
@@ -41,6 +41,7 @@ class GatewayApp(Application):
         "token": "GatewayApp.token",
         "state-dir": "GatewayApp.state_dir",
         "policy": "GatewayApp.policy",
+        "replicas": "GatewayApp.replicas",
         "log-level": "Application.log_level",
     }
 
@@ -75,6 +76,21 @@ class GatewayApp(Application):
         help="Variables a kernel-create request may set besides KERNEL_* (others are dropped).",
     )
     launch_timeout = Float(40.0, config=True, help="Seconds a kernel may take to start.")
+    replicas = Int(
+        3,
+        config=True,
+        help="Replicas per kernel, on distinct hosts, kept in step by Raft (1: no replication).",
+    )
+    replicated_kernelspecs = Dict(
+        {"python3": "kernelfleet-python3"},
+        config=True,
+        help="Kernelspecs that replicate, mapped to the hosts' kernelspec of the replica kernel.",
+    )
+    object_store_root = Unicode(
+        config=True,
+        help="Folder every host reaches, for values too large for the Raft log. "
+        "Default: <state_dir>/objects (fine on one machine; use a shared mount across hosts).",
+    )
     heartbeat_timeout = Float(
         5.0, config=True, help="Seconds without a heartbeat after which a host is marked lost."
     )
@@ -95,6 +111,16 @@ class GatewayApp(Application):
     def _check_token(self, proposal: dict) -> str:
         if len(proposal["value"]) < 8:
             raise TraitError("the token must be at least 8 characters long")
+        return proposal["value"]
+
+    @default("object_store_root")
+    def _default_object_store_root(self) -> str:
+        return os.path.join(os.path.abspath(self.state_dir), "objects")
+
+    @validate("replicas")
+    def _check_replicas(self, proposal: dict) -> int:
+        if proposal["value"] < 1:
+            raise TraitError("a kernel needs at least 1 replica")
         return proposal["value"]
 
     @validate("port")
@@ -131,8 +157,13 @@ class GatewayApp(Application):
             on_report=lambda host, restarted: self.kernels.on_host_report(host, restarted),
             on_lost=lambda host: self.kernels.on_host_lost(host),
         )
+        replication = ReplicationSettings(
+            replicas=self.replicas,
+            launch_names=dict(self.replicated_kernelspecs),
+            store_root=self.object_store_root,
+        )
         self.kernels = KernelService(
-            self.hosts, policy, kernelspecs, self.launch_timeout, set(self.allowed_env)
+            self.hosts, policy, kernelspecs, self.launch_timeout, set(self.allowed_env), replication
         )
         self.kernelspecs = kernelspecs
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
@@ -23,7 +24,13 @@ import zmq.asyncio
 from jupyter_client.session import Session
 
 from kernelfleet.errors import InvalidRequest, KernelStartFailed
-from kernelfleet.gateway.framing import DELIMITER, ClientMessage, KernelMessage, parse_kernel_frames
+from kernelfleet.gateway.framing import (
+    DELIMITER,
+    ClientMessage,
+    KernelMessage,
+    kernel_message_from_dict,
+    parse_kernel_frames,
+)
 
 log = logging.getLogger("kernelfleet.gateway.channels")
 
@@ -72,11 +79,13 @@ class KernelLink:
     def __init__(
         self,
         kernel_id: str,
+        replica_id: str,
         info: ConnectionInfo,
         context: zmq.asyncio.Context,
         on_iopub: Callable[[KernelMessage], None],
     ) -> None:
         self.kernel_id = kernel_id
+        self.replica_id = replica_id
         self.info = info
         self._context = context
         self._on_iopub = on_iopub
@@ -131,8 +140,11 @@ class KernelLink:
         for client in list(self._clients):
             client.deliver(channel, message)
 
-    def close(self) -> None:
+    def close(self, why: str = "the kernel's link closed") -> None:
+        """Close the link: each client's running cells get an error reply saying `why`, then
+        the client is disconnected."""
         for client in list(self._clients):
+            client.fail_pending(why)
             client.close()
             client.on_closed()
         if self._pump is not None:
@@ -159,6 +171,7 @@ class ClientLink:
         self._link = link
         self.deliver = deliver
         self.on_closed = on_closed
+        self._pending: dict[str, bytes] = {}  # execute_request msg_id -> its raw header
         self._session = link.info.session(session_id)
         context = link._context
         identity = f"{session_id}-{uuid.uuid4().hex[:8]}".encode()
@@ -178,7 +191,21 @@ class ClientLink:
         if socket is None:
             raise InvalidRequest(f"cannot send on channel {message.channel!r}")
         signature = self._session.sign(message.parts)
+        if message.msg_type == "execute_request":
+            self._pending[message.msg_id] = message.parts[0]
         await socket.send_multipart([DELIMITER, signature, *message.parts, *message.buffers])
+
+    def fail_pending(self, why: str) -> None:
+        """Answer every cell this client still waits for with an error and an idle status."""
+        for raw_header in self._pending.values():
+            parent = json.loads(raw_header)
+            for msg_type, channel, content in (
+                ("execute_reply", "shell", _lost_cell_reply(why)),
+                ("status", "iopub", {"execution_state": "idle"}),
+            ):
+                msg = self._session.msg(msg_type, content=content, parent=parent)
+                self.deliver(channel, kernel_message_from_dict(msg))
+        self._pending.clear()
 
     def close(self) -> None:
         self._link.detach(self)
@@ -190,6 +217,8 @@ class ClientLink:
     async def _pump(self, channel: str, socket: zmq.asyncio.Socket) -> None:
         kernel_id = self._link.kernel_id
         async for message in _verified_messages(socket, self._session, kernel_id, channel):
+            if channel == "shell" and message.msg_type == "execute_reply":
+                self._pending.pop(message.parent_msg_id(), None)
             self.deliver(channel, message)
 
 
@@ -210,3 +239,14 @@ async def _verified_messages(
             )
             continue
         yield message
+
+
+def _lost_cell_reply(why: str) -> dict[str, Any]:
+    evalue = f"{why}; the kernel goes on with the state of its last completed cell"
+    return {
+        "status": "error",
+        "ename": "ReplicaLost",
+        "evalue": evalue,
+        "traceback": [f"ReplicaLost: {evalue}"],
+        "execution_count": None,
+    }

@@ -48,6 +48,7 @@ class ClientMessage:
 
     channel: str
     msg_type: str
+    msg_id: str
     parts: list[bytes]  # header, parent_header, metadata, content: raw JSON
     buffers: list[bytes] = field(default_factory=list)
 
@@ -77,7 +78,7 @@ def parse_client_frame(frame: str | bytes, protocol: str | None = None) -> Clien
         raise MalformedFrame("buffers must travel in a binary frame, not inside the JSON")
     msg_type = _checked_header(msg["header"])
     parts = [json.dumps(msg[key], default=str).encode() for key in _REQUIRED_DICTS]
-    return ClientMessage(channel, msg_type, parts, buffers)
+    return ClientMessage(channel, msg_type, msg["header"]["msg_id"], parts, buffers)
 
 
 def _parse_v1_frame(frame: str | bytes) -> ClientMessage:
@@ -99,7 +100,8 @@ def _parse_v1_frame(frame: str | bytes) -> ClientMessage:
         raise MalformedFrame(f"a v1 frame's channel or header is not readable: {e}") from None
     if not isinstance(header, dict):
         raise MalformedFrame("'header' must be a JSON object")
-    return ClientMessage(channel, _checked_header(header), pieces[1:5], pieces[5:])
+    msg_type = _checked_header(header)
+    return ClientMessage(channel, msg_type, header["msg_id"], pieces[1:5], pieces[5:])
 
 
 def _checked_channel(channel: Any) -> str:
@@ -173,6 +175,14 @@ class KernelMessage:
         if protocol == V1_PROTOCOL:
             return v1_frame(channel, self.raw_parts, self.buffers)
         return self.to_legacy_frame(channel)
+
+    def parent_msg_id(self) -> str | None:
+        """The msg_id of the request this message answers (parses the parent header)."""
+        try:
+            parent = json.loads(self.raw_parent_header)
+        except ValueError:
+            return None
+        return parent.get("msg_id") if isinstance(parent, dict) else None
 
     @property
     def raw_parts(self) -> list[bytes]:

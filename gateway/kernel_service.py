@@ -18,12 +18,20 @@ from typing import Any
 import zmq.asyncio
 from jupyter_client.session import Session
 
-from kernelfleet.errors import FleetError, HostUnavailable, InvalidRequest, KernelDead, NotFound
+from kernelfleet.errors import (
+    FleetError,
+    HostUnavailable,
+    InvalidRequest,
+    KernelDead,
+    KernelStartFailed,
+    NotFound,
+)
 from kernelfleet.gateway.channels import ClientLink, ConnectionInfo, Deliver, KernelLink, OnClosed
 from kernelfleet.gateway.framing import KernelMessage, kernel_message_from_dict
 from kernelfleet.gateway.hosts import HostRecord, HostRegistry
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
-from kernelfleet.scheduler import FleetSnapshot, HostSnapshot, PlacementRequest, Policy
+from kernelfleet.gateway.replication import Member, join_group, new_group_password
+from kernelfleet.scheduler import FleetSnapshot, HostSnapshot, Placement, PlacementRequest, Policy
 
 log = logging.getLogger("kernelfleet.gateway.kernels")
 
@@ -39,6 +47,7 @@ class ReplicaRecord:
     connection: ConnectionInfo
     pid: int | None = None
     state: str = "starting"
+    raft_address: str | None = None
 
     def update(self, model: dict[str, Any]) -> None:
         self.pid = model.get("pid", self.pid)
@@ -55,6 +64,9 @@ class KernelRecord:
     id: str
     name: str
     env: dict[str, str]
+    launch_name: str = ""
+    """The kernelspec the hosts launch: `name`, or its replicated twin."""
+    replicas_wanted: int = 1
     gpus: int = 0
     replicas: list[ReplicaRecord] = field(default_factory=list)
     link: KernelLink | None = None
@@ -83,6 +95,10 @@ class KernelRecord:
         }
 
     @property
+    def replicated(self) -> bool:
+        return self.replicas_wanted > 1
+
+    @property
     def dead(self) -> bool:
         return bool(self.replicas) and all(replica.state == "dead" for replica in self.replicas)
 
@@ -95,6 +111,26 @@ def gpu_need(env: dict[str, str]) -> int:
     return int(raw)
 
 
+@dataclass(frozen=True)
+class ReplicationSettings:
+    """How many replicas a kernel gets, and where their shared objects live.
+
+    A kernelspec listed in `launch_names` runs as `replicas` replicas of its replicated twin
+    (the hosts' kernelspec of that name); any other kernelspec runs as one plain replica.
+    """
+
+    replicas: int = 1
+    launch_names: dict[str, str] = field(default_factory=dict)
+    store_root: str = ""
+    join_timeout: float = 20.0
+
+    def plan(self, name: str) -> tuple[str, int]:
+        """(the kernelspec hosts launch, the number of replicas) for kernelspec `name`."""
+        if self.replicas > 1 and name in self.launch_names:
+            return self.launch_names[name], self.replicas
+        return name, 1
+
+
 class KernelService:
     """Starts, tracks, interrupts, restarts and stops kernels."""
 
@@ -105,16 +141,17 @@ class KernelService:
         kernelspecs: KernelSpecCatalog,
         launch_timeout: float,
         allowed_env: set[str],
-        replicas_per_kernel: int = 1,
+        replication: ReplicationSettings | None = None,
     ) -> None:
         self._hosts = hosts
         self._policy = policy
         self._kernelspecs = kernelspecs
         self._launch_timeout = launch_timeout
         self._allowed_env = allowed_env
-        self._replicas_per_kernel = replicas_per_kernel
+        self._replication = replication or ReplicationSettings()
         self._kernels: dict[str, KernelRecord] = {}
         self._context = zmq.asyncio.Context()
+        self._failovers: set[asyncio.Future[None]] = set()
         self._status_session = Session(username="kernelfleet")
 
     # ---- queries ---------------------------------------------------------------------------
@@ -158,28 +195,61 @@ class KernelService:
         """Place and launch a kernel; returns once it answered and IOPub is subscribed."""
         name = self._kernelspecs.resolve(name)
         env = self._checked_env(env)
-        kernel = KernelRecord(id=str(uuid.uuid4()), name=name, env=env, gpus=gpu_need(env))
-        placement = self._policy.place(
-            self.snapshot(),
-            PlacementRequest(kernel.id, replicas=self._replicas_per_kernel, gpus=kernel.gpus),
+        launch_name, replicas = self._replication.plan(name)
+        kernel = KernelRecord(
+            id=str(uuid.uuid4()),
+            name=name,
+            env=env,
+            launch_name=launch_name,
+            replicas_wanted=replicas,
+            gpus=gpu_need(env),
         )
+        placement = self._place(kernel)
         self._kernels[kernel.id] = kernel
         try:
+            await self._launch_group(kernel, placement.host_ids)
+        except BaseException:
+            self._kernels.pop(kernel.id, None)
+            raise
+        log.info("kernel %s (%s) started on %s", kernel.id, name, ", ".join(placement.host_ids))
+        return kernel
+
+    def _place(self, kernel: KernelRecord) -> Placement:
+        request = PlacementRequest(kernel.id, replicas=kernel.replicas_wanted, gpus=kernel.gpus)
+        return self._policy.place(self.snapshot(), request)
+
+    async def _launch_group(self, kernel: KernelRecord, host_ids: tuple[str, ...]) -> None:
+        """Launch one replica per host, join them to a new Raft group if replicated, and link.
+
+        On failure every replica launched is stopped again and the error propagates.
+        """
+        try:
             results = await asyncio.gather(
-                *(self._launch_replica(kernel, host_id) for host_id in placement.host_ids),
+                *(self._launch_replica(kernel, host_id) for host_id in host_ids),
                 return_exceptions=True,
             )
             kernel.replicas = [r for r in results if isinstance(r, ReplicaRecord)]
             failure = next((r for r in results if isinstance(r, BaseException)), None)
             if failure is not None:
                 raise failure
+            if kernel.replicated:
+                await self._form_group(kernel)
             await self._link(kernel)
         except BaseException:
             await self._stop_replicas(kernel)
-            self._kernels.pop(kernel.id, None)
             raise
-        log.info("kernel %s (%s) started on %s", kernel.id, name, ", ".join(placement.host_ids))
-        return kernel
+
+    async def _form_group(self, kernel: KernelRecord) -> None:
+        members = [
+            Member(replica.id, replica.raft_address or "", replica.connection)
+            for replica in kernel.replicas
+        ]
+        if not all(member.raft_address for member in members):
+            raise KernelStartFailed(f"kernel {kernel.id}: a host gave a replica no Raft address")
+        settings = self._replication
+        await join_group(
+            self._context, members, new_group_password(), settings.store_root, settings.join_timeout
+        )
 
     async def interrupt(self, kernel_id: str) -> None:
         kernel = self.get(kernel_id)
@@ -199,10 +269,15 @@ class KernelService:
             self._announce(kernel, "restarting")
             old_connections = [replica.connection for replica in kernel.replicas]
             try:
-                for index, replica in enumerate(list(kernel.replicas)):
-                    kernel.replicas[index] = await self._restart_replica(kernel, replica)
-                if [replica.connection for replica in kernel.replicas] != old_connections:
-                    await self._link(kernel)
+                if kernel.replicated:
+                    # A new group: the old replicas' journals would replay the old state.
+                    await self._stop_replicas(kernel)
+                    await self._launch_group(kernel, self._place(kernel).host_ids)
+                else:
+                    for index, replica in enumerate(list(kernel.replicas)):
+                        kernel.replicas[index] = await self._restart_replica(kernel, replica)
+                    if [replica.connection for replica in kernel.replicas] != old_connections:
+                        await self._link(kernel)
             except BaseException:
                 kernel.execution_state = "dead" if kernel.dead else "idle"
                 self._announce(kernel, kernel.execution_state)
@@ -218,7 +293,7 @@ class KernelService:
             if self._kernels.pop(kernel_id, None) is None:
                 return  # another shutdown finished first
             if kernel.link is not None:
-                kernel.link.close()
+                kernel.link.close("the kernel was shut down")
             await self._stop_replicas(kernel)
         log.info("kernel %s shut down", kernel_id)
 
@@ -278,10 +353,18 @@ class KernelService:
         host = self._hosts.get(host_id)
         replica_id = f"{kernel.id[:8]}-{uuid.uuid4().hex[:6]}"
         model = await host.client.start_replica(
-            replica_id, kernel.id, kernel.name, kernel.env, launch_timeout=self._launch_timeout
+            replica_id,
+            kernel.id,
+            kernel.launch_name,
+            kernel.env,
+            launch_timeout=self._launch_timeout,
+            raft=kernel.replicated,
         )
         replica = ReplicaRecord(
-            id=replica_id, host_id=host_id, connection=ConnectionInfo.from_dict(model["connection"])
+            id=replica_id,
+            host_id=host_id,
+            connection=ConnectionInfo.from_dict(model["connection"]),
+            raft_address=model.get("raft_address"),
         )
         replica.update(model)
         return replica
@@ -308,12 +391,18 @@ class KernelService:
         log.warning("kernel %s: replacing replica %s on %s", kernel.id, replica.id, replica.host_id)
         return await self._launch_replica(kernel, placement.host_ids[0])
 
-    async def _link(self, kernel: KernelRecord) -> None:
+    async def _link(self, kernel: KernelRecord, why: str = "the kernel restarted") -> None:
+        """Link the kernel to its first live replica. Clients of the previous link are told
+        `why` for any cell still running, then disconnected so that they reconnect."""
         if kernel.link is not None:
-            kernel.link.close()
+            kernel.link.close(why)
         replica = self._live_replica(kernel)
         link = KernelLink(
-            kernel.id, replica.connection, self._context, lambda m: self._on_iopub(kernel, m)
+            kernel.id,
+            replica.id,
+            replica.connection,
+            self._context,
+            lambda message: self._on_iopub(kernel, message),
         )
         kernel.link = link
         await link.start(timeout=self._launch_timeout)
@@ -327,7 +416,7 @@ class KernelService:
             except (ValueError, KeyError, TypeError):
                 log.warning("kernel %s sent a status message without execution_state", kernel.id)
         elif message.msg_type == "execute_input" and kernel.link is not None:
-            kernel.executor = self._live_replica(kernel).id
+            kernel.executor = kernel.link.replica_id
 
     def _live_replica(self, kernel: KernelRecord) -> ReplicaRecord:
         for replica in kernel.replicas:
@@ -342,6 +431,24 @@ class KernelService:
         if kernel.dead:
             kernel.execution_state = "dead"
             self._announce(kernel, "dead")
+        elif kernel.link is not None and kernel.link.replica_id == replica.id:
+            task = asyncio.ensure_future(self._fail_over(kernel, replica))
+            self._failovers.add(task)
+            task.add_done_callback(self._failovers.discard)
+
+    async def _fail_over(self, kernel: KernelRecord, lost: ReplicaRecord) -> None:
+        """Move the kernel's link to a live replica; its state is every committed cell's."""
+        async with kernel.lifecycle:
+            if kernel.link is None or kernel.link.replica_id != lost.id:
+                return  # a restart or another failover got there first
+            try:
+                await self._link(kernel, why=f"the replica running it ({lost.id}) was lost")
+            except FleetError as e:
+                log.error("kernel %s: failover from %s failed: %s", kernel.id, lost.id, e)
+                return
+            log.warning(
+                "kernel %s: failed over from %s to %s", kernel.id, lost.id, kernel.link.replica_id
+            )
 
     def _announce(self, kernel: KernelRecord, execution_state: str) -> None:
         """Publish a status message of the gateway's own to the kernel's clients."""

@@ -37,6 +37,7 @@ class UpApp(Application):
         "token": "UpApp.token",
         "hosts": "UpApp.hosts",
         "gpus-per-host": "UpApp.gpus_per_host",
+        "replicas": "UpApp.replicas",
         "state-dir": "UpApp.state_dir",
     }
 
@@ -47,6 +48,7 @@ class UpApp(Application):
     )
     hosts = Int(3, config=True, help="Number of local host agents.")
     gpus_per_host = Int(2, config=True, help="Virtual GPUs per host agent.")
+    replicas = Int(3, config=True, help="Replicas per kernel (at most the number of hosts).")
     state_dir = Unicode(
         config=True,
         help="Folder for state and logs. Default: $KERNELFLEET_STATE_DIR, else ./.kernelfleet.",
@@ -87,6 +89,8 @@ class UpApp(Application):
                 str(self.port),
                 "--state-dir",
                 f"{self.state_dir}/gateway",
+                "--replicas",
+                str(min(self.replicas, self.hosts)),
             ],
         )
         self.agents = [

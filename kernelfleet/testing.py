@@ -183,11 +183,13 @@ def start_fleet(
     gpus: int = 2,
     env: dict[str, str] | None = None,
     token: str = TOKEN,
+    replicas: int = 1,
 ) -> Fleet:
+    """A gateway and `hosts` agents; kernels get `replicas` replicas (1 unless asked)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     fleet = Fleet(state_dir=state_dir, token=token, env=env or {})
     try:
-        fleet.start_gateway()
+        fleet.start_gateway("--replicas", str(replicas))
         for i in range(1, hosts + 1):
             fleet.start_host(f"host-{i}", gpus)
     except BaseException:

@@ -1,0 +1,129 @@
+"""Replicated kernels: three replicas kept in step by Raft, and the loss of the executing one.
+
+Real gateway, host agents, ReplicatedKernel processes and pysyncobj groups. A host is lost by
+SIGKILL of its agent (its kernels then exit, as ipykernel polls its parent).
+"""
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelfleet.testing import wait_for
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+STATE = """
+import numpy as np
+count, name, config = 41, "fleet", {"lr": 0.1, "layers": [64, 32]}
+weights = np.full(100 * 2**20 // 8, 0.5)       # 100 MB: travels through the object store
+def scale(v):
+    return v * count
+class Model:
+    def __init__(self, depth):
+        self.depth = depth
+    def describe(self):
+        return f"{name}:{self.depth}"
+model = Model(3)
+print("state set")
+"""
+CHECK = (
+    "print(count + 1, name, config['layers'], weights.sum(), scale(2), model.describe(), np.pi > 3)"
+)
+EXPECTED = "42 fleet [64, 32] 6553600.0 82 fleet:3 True\n"
+
+
+def executor_host(fleet, kernel_id):
+    view = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")
+    hosts = {replica["id"]: replica["host"] for replica in view["replicas"]}
+    return hosts[view["executor"]]
+
+
+async def read_until_closed(ws):
+    while await ws.read_message() is not None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def replicated(fleet_factory):
+    return fleet_factory(hosts=4, gpus=1, replicas=3)
+
+
+def alive(pid):
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+async def test_restart_gives_a_fresh_group_and_shutdown_stops_every_replica(replicated):
+    fleet = replicated
+    kernel_id = fleet.start_kernel()
+    client = await fleet.connect(kernel_id)
+    assert (await client.execute("secret = 7; print(secret)")).stdout == "7\n"
+    before = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+
+    assert fleet.api("POST", f"/api/kernels/{kernel_id}/restart")["execution_state"] == "idle"
+    await asyncio.wait_for(read_until_closed(client.ws), 10)
+    after = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+    assert len(after) == 3
+    assert not {r["id"] for r in after} & {r["id"] for r in before}, "new replicas, new group"
+    wait_for(lambda: not any(alive(r["pid"]) for r in before), 10, "the old replicas to exit")
+    client = await fleet.connect(kernel_id)
+    assert (await client.execute("secret")).reply["ename"] == "NameError"
+    assert (await client.execute("fresh = 1; print(fresh)")).stdout == "1\n"
+    client.close()
+
+    fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+    wait_for(lambda: not any(alive(r["pid"]) for r in after), 10, "every replica to exit")
+
+
+async def test_state_survives_losing_the_executor_mid_cell_and_between_cells(replicated):
+    fleet = replicated
+    first = fleet.start_kernel()
+    view = fleet.api("GET", f"/api/fleet/kernels/{first}")
+    assert len({replica["host"] for replica in view["replicas"]}) == 3, "3 distinct hosts"
+    assert all(replica["state"] == "ready" for replica in view["replicas"])
+
+    client = await fleet.connect(first)
+    assert (await client.execute(STATE)).stdout == "state set\n"
+    lost = executor_host(fleet, first)
+
+    # Mid-cell: the executor's host dies while a cell runs.
+    msg_id = client.send(
+        "execute_request", {"code": "import time; print('long', flush=True); time.sleep(120)"}
+    )
+    await client.wait_for_output(msg_id, "long")
+    started = time.monotonic()
+    fleet.signal_host(lost, signal.SIGKILL)
+    result = await client.collect(msg_id, timeout=30)
+    assert result.reply["status"] == "error"
+    assert result.reply["ename"] == "ReplicaLost"
+    assert time.monotonic() - started < 20, "the client hears of the loss within seconds"
+    await asyncio.wait_for(read_until_closed(client.ws), 10)
+
+    client = await fleet.connect(first)
+    after = await client.execute(CHECK)
+    assert after.stdout == EXPECTED, after.iopub
+    assert executor_host(fleet, first) != lost
+    client.close()
+
+    # Between cells, on a kernel placed after the first loss.
+    second = fleet.start_kernel()
+    client = await fleet.connect(second)
+    assert (await client.execute(STATE)).stdout == "state set\n"
+    doomed = executor_host(fleet, second)
+    fleet.signal_host(doomed, signal.SIGKILL)
+    await asyncio.wait_for(read_until_closed(client.ws), 20)
+    wait_for(
+        lambda: fleet.api("GET", f"/api/kernels/{second}")["execution_state"] == "idle",
+        10,
+        "the kernel to run on a survivor",
+    )
+    client = await fleet.connect(second)
+    assert (await client.execute(CHECK)).stdout == EXPECTED
+    assert executor_host(fleet, second) not in (doomed, lost)
+    client.close()
