@@ -30,7 +30,12 @@ from kernelfleet.gateway.channels import ClientLink, ConnectionInfo, Deliver, Ke
 from kernelfleet.gateway.framing import KernelMessage, kernel_message_from_dict
 from kernelfleet.gateway.hosts import HostRecord, HostRegistry
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
-from kernelfleet.gateway.replication import Member, join_group, new_group_password
+from kernelfleet.gateway.replication import (
+    Member,
+    change_members,
+    join_group,
+    new_group_password,
+)
 from kernelfleet.scheduler import FleetSnapshot, HostSnapshot, Placement, PlacementRequest, Policy
 
 log = logging.getLogger("kernelfleet.gateway.kernels")
@@ -50,8 +55,11 @@ class ReplicaRecord:
     raft_address: str | None = None
 
     def update(self, model: dict[str, Any]) -> None:
+        """Take what the host reports; a replica still catching up stays so until it is dead."""
         self.pid = model.get("pid", self.pid)
-        self.state = model.get("state", self.state)
+        state = model.get("state", self.state)
+        if self.state != "catching-up" or state == "dead":
+            self.state = state
 
     def fleet_model(self) -> dict[str, Any]:
         return {"id": self.id, "host": self.host_id, "pid": self.pid, "state": self.state}
@@ -67,6 +75,7 @@ class KernelRecord:
     launch_name: str = ""
     """The kernelspec the hosts launch: `name`, or its replicated twin."""
     replicas_wanted: int = 1
+    raft_password: str = ""
     gpus: int = 0
     replicas: list[ReplicaRecord] = field(default_factory=list)
     link: KernelLink | None = None
@@ -151,7 +160,7 @@ class KernelService:
         self._replication = replication or ReplicationSettings()
         self._kernels: dict[str, KernelRecord] = {}
         self._context = zmq.asyncio.Context()
-        self._failovers: set[asyncio.Future[None]] = set()
+        self._repairs: set[asyncio.Future[None]] = set()
         self._status_session = Session(username="kernelfleet")
 
     # ---- queries ---------------------------------------------------------------------------
@@ -247,8 +256,9 @@ class KernelService:
         if not all(member.raft_address for member in members):
             raise KernelStartFailed(f"kernel {kernel.id}: a host gave a replica no Raft address")
         settings = self._replication
+        kernel.raft_password = new_group_password()
         await join_group(
-            self._context, members, new_group_password(), settings.store_root, settings.join_timeout
+            self._context, members, kernel.raft_password, settings.store_root, settings.join_timeout
         )
 
     async def interrupt(self, kernel_id: str) -> None:
@@ -431,24 +441,57 @@ class KernelService:
         if kernel.dead:
             kernel.execution_state = "dead"
             self._announce(kernel, "dead")
-        elif kernel.link is not None and kernel.link.replica_id == replica.id:
-            task = asyncio.ensure_future(self._fail_over(kernel, replica))
-            self._failovers.add(task)
-            task.add_done_callback(self._failovers.discard)
+        elif kernel.replicated:
+            task = asyncio.ensure_future(self._repair(kernel, replica))
+            self._repairs.add(task)
+            task.add_done_callback(self._repairs.discard)
 
-    async def _fail_over(self, kernel: KernelRecord, lost: ReplicaRecord) -> None:
-        """Move the kernel's link to a live replica; its state is every committed cell's."""
+    async def _repair(self, kernel: KernelRecord, lost: ReplicaRecord) -> None:
+        """Fail over if `lost` ran the kernel, then replace it so the group has its size back."""
         async with kernel.lifecycle:
-            if kernel.link is None or kernel.link.replica_id != lost.id:
-                return  # a restart or another failover got there first
+            if self._kernels.get(kernel.id) is not kernel or lost not in kernel.replicas:
+                return  # shut down or restarted meanwhile
             try:
-                await self._link(kernel, why=f"the replica running it ({lost.id}) was lost")
+                if kernel.link is not None and kernel.link.replica_id == lost.id:
+                    await self._link(kernel, why=f"the replica running it ({lost.id}) was lost")
+                    log.warning("kernel %s: failed over to %s", kernel.id, kernel.link.replica_id)
+                await self._replace(kernel, lost)
             except FleetError as e:
-                log.error("kernel %s: failover from %s failed: %s", kernel.id, lost.id, e)
-                return
-            log.warning(
-                "kernel %s: failed over from %s to %s", kernel.id, lost.id, kernel.link.replica_id
+                live = sum(replica.state != "dead" for replica in kernel.replicas)
+                log.error("kernel %s: runs on %d replica(s); repair failed: %s", kernel.id, live, e)
+
+    async def _replace(self, kernel: KernelRecord, lost: ReplicaRecord) -> None:
+        """Launch a replica on a host the kernel does not use, swap it into the group in place
+        of `lost`, and let it catch up from the log (its state is ``catching-up`` until then)."""
+        used = {replica.host_id for replica in kernel.replicas}
+        snapshot = self.snapshot()
+        free = FleetSnapshot(tuple(h for h in snapshot.hosts if h.id not in used), snapshot.now)
+        host_id = self._policy.place(free, PlacementRequest(kernel.id, gpus=kernel.gpus)).host_ids[
+            0
+        ]
+        new = await self._launch_replica(kernel, host_id)
+        new.state = "catching-up"
+        index = kernel.replicas.index(lost)
+        kernel.replicas[index] = new
+        live = [r for r in kernel.replicas if r.state != "dead" and r is not new]
+        try:
+            through = Member(live[0].id, live[0].raft_address or "", live[0].connection)
+            timeout = self._replication.join_timeout
+            members = await change_members(
+                self._context, through, [lost.raft_address or ""], [new.raft_address or ""], timeout
             )
+            existing = tuple(m for m in members if m != new.raft_address)
+            member = Member(new.id, new.raft_address or "", new.connection)
+            await join_group(
+                self._context, [member], kernel.raft_password, self._replication.store_root,
+                timeout, existing=existing,
+            )  # fmt: skip
+        except BaseException:
+            kernel.replicas[index] = lost
+            await self._stop_replicas_of(kernel, [new])
+            raise
+        new.state = "ready"
+        log.info("kernel %s: replica %s on %s replaced %s", kernel.id, new.id, host_id, lost.id)
 
     def _announce(self, kernel: KernelRecord, execution_state: str) -> None:
         """Publish a status message of the gateway's own to the kernel's clients."""
@@ -458,6 +501,9 @@ class KernelService:
         kernel.link.broadcast("iopub", kernel_message_from_dict(msg))
 
     async def _stop_replicas(self, kernel: KernelRecord) -> None:
+        await self._stop_replicas_of(kernel, kernel.replicas)
+
+    async def _stop_replicas_of(self, kernel: KernelRecord, replicas: list[ReplicaRecord]) -> None:
         async def stop(replica: ReplicaRecord) -> None:
             try:
                 host = self._hosts.get(replica.host_id)
@@ -468,4 +514,4 @@ class KernelService:
             except FleetError as e:
                 log.error("kernel %s: stopping replica %s failed: %s", kernel.id, replica.id, e)
 
-        await asyncio.gather(*(stop(replica) for replica in kernel.replicas))
+        await asyncio.gather(*(stop(replica) for replica in replicas))

@@ -1,8 +1,9 @@
-"""Forming a kernel's Raft group: every replica is told its peers and joins.
+"""Forming and repairing a kernel's Raft group (the messages are in ``kernels.replicated``).
 
-The gateway is not a member of the group. It sends each replica a ``kernelfleet_join_request``
-on the shell channel (see ``kernels.replicated``), all in parallel, and returns once every
-replica answered that its group has a leader.
+The gateway is not a member of the group. To form one it sends every replica a
+``kernelfleet_join_request`` (shell channel), all in parallel, and returns once each answered
+that its group has a leader. To replace a lost replica it asks a live member to swap the
+addresses (``kernelfleet_membership_request``, control channel), then joins the newcomer.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import json
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -40,9 +42,11 @@ async def join_group(
     password: str,
     store_root: str,
     timeout: float,
+    existing: tuple[str, ...] = (),
 ) -> None:
-    """Join every member to the group; `KernelStartFailed` names the replica that could not."""
-    addresses = [member.raft_address for member in members]
+    """Join every member to the group (whose other members are at `existing` addresses);
+    `KernelStartFailed` names the replica that could not."""
+    addresses = [*existing, *(member.raft_address for member in members)]
     await asyncio.gather(
         *(_join(context, member, addresses, password, store_root, timeout) for member in members)
     )
@@ -56,7 +60,6 @@ async def _join(
     store_root: str,
     timeout: float,
 ) -> None:
-    session = member.connection.session()
     content = {
         "replica_id": member.replica_id,
         "address": member.raft_address,
@@ -65,26 +68,53 @@ async def _join(
         "store_root": store_root,
         "timeout": timeout,
     }
+    what = f"replica {member.replica_id} joining its Raft group"
+    await ask(context, member.connection, "shell", "kernelfleet_join", content, timeout, what)
+
+
+async def change_members(
+    context: zmq.asyncio.Context,
+    through: Member,
+    remove: list[str],
+    add: list[str],
+    timeout: float,
+) -> list[str]:
+    """Have member `through` remove then add Raft addresses; returns the members it sees."""
+    content = {"remove": remove, "add": add}
+    what = f"replica {through.replica_id} changing its group (-{remove} +{add})"
+    reply = await ask(
+        context, through.connection, "control", "kernelfleet_membership", content, timeout, what
+    )
+    return list(reply.get("members", []))
+
+
+async def ask(
+    context: zmq.asyncio.Context,
+    connection: ConnectionInfo,
+    channel: str,
+    request: str,
+    content: dict[str, Any],
+    timeout: float,
+    what: str,
+) -> dict[str, Any]:
+    """Send ``<request>_request`` on `channel` and return the content of its ``_reply``;
+    `KernelStartFailed` saying `what` failed if the reply is late or not ok."""
+    session = connection.session()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
-    socket.connect(member.connection.url("shell"))
+    socket.connect(connection.url(channel))
     try:
-        request = session.msg("kernelfleet_join_request", content=content)
-        await socket.send_multipart(session.serialize(request))
+        await socket.send_multipart(session.serialize(session.msg(f"{request}_request", content)))
         while True:
             frames = await asyncio.wait_for(socket.recv_multipart(), timeout)
             reply = parse_kernel_frames(frames, session.auth)
-            if reply.msg_type == "kernelfleet_join_reply":
+            if reply.msg_type == f"{request}_reply":
                 break
     except TimeoutError:
-        raise KernelStartFailed(
-            f"replica {member.replica_id} did not join its Raft group within {timeout:.0f} s"
-        ) from None
+        raise KernelStartFailed(f"{what}: no answer within {timeout:.0f} s") from None
     finally:
         socket.close()
-    answer = json.loads(reply.raw_content)
+    answer: dict[str, Any] = json.loads(reply.raw_content)
     if answer.get("status") != "ok":
-        raise KernelStartFailed(
-            f"replica {member.replica_id} could not join its Raft group: "
-            f"{answer.get('ename')}: {answer.get('evalue')}"
-        )
+        raise KernelStartFailed(f"{what} failed: {answer.get('ename')}: {answer.get('evalue')}")
+    return answer

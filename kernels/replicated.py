@@ -7,7 +7,10 @@ the Raft log's callbacks then arrive) carries::
     {"replica_id", "address": "ip:port", "peers": ["ip:port", ...], "password", "store_root"}
 
 and is answered ``kernelfleet_join_reply`` ``{"status": "ok"}`` once the group has a leader.
-After that:
+``kernelfleet_membership_request`` ``{"remove": [addresses], "add": [addresses]}`` (control
+channel, so a running cell does not hold it up) changes the group through this member, removals
+first; a replacement replica joins after it was added, with the members as its peers. After
+joining:
 
 - before it runs a cell, the replica commits a LEAD `Proposal` for it. That records who ran the
   cell and is a barrier: the append returns only once every earlier entry, every earlier
@@ -52,6 +55,8 @@ class _Group:
     raft: KernelLog
     tracker: NamespaceTracker
     store: ObjectStore
+    loop: asyncio.AbstractEventLoop
+    """The main thread's loop: the log's callbacks and calls belong there."""
 
 
 class ReplicatedKernel(IPythonKernel):
@@ -61,6 +66,7 @@ class ReplicatedKernel(IPythonKernel):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.shell_handlers["kernelfleet_join_request"] = self.kernelfleet_join_request
+        self.control_handlers["kernelfleet_membership_request"] = self.membership_request
         self.replica_id = os.environ.get("KERNELFLEET_REPLICA_ID", "")
         self.replica_dir = Path(os.environ.get("KERNELFLEET_REPLICA_DIR", "."))
         self.group: _Group | None = None
@@ -82,6 +88,32 @@ class ReplicatedKernel(IPythonKernel):
         assert self.session is not None
         self.session.send(stream, "kernelfleet_join_reply", reply, parent, ident)
 
+    async def membership_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        """Remove and add group members (control thread; the log runs on the main loop)."""
+        content = parent["content"]
+        group = self.group
+        try:
+            if group is None:
+                raise RuntimeError(f"replica {self.replica_id} has not joined a group")
+            change = self._change_members(group, content.get("remove", []), content.get("add", []))
+            members = await asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(change, group.loop)
+            )
+            reply: dict[str, Any] = {"status": "ok", "members": list(members)}
+        except Exception as e:
+            self.log.exception("replica %s could not change its group", self.replica_id)
+            reply = {"status": "error", "ename": type(e).__name__, "evalue": str(e)}
+        assert self.session is not None
+        self.session.send(stream, "kernelfleet_membership_reply", reply, parent, ident)
+
+    @staticmethod
+    async def _change_members(group: _Group, remove: list[str], add: list[str]) -> tuple[str, ...]:
+        for address in remove:
+            await group.raft.remove_member(address)
+        for address in add:
+            await group.raft.add_member(address)
+        return group.raft.members
+
     async def _join(self, content: dict[str, Any]) -> None:
         if self.group is not None:
             raise RuntimeError(f"replica {self.replica_id} has already joined its group")
@@ -97,7 +129,7 @@ class ReplicatedKernel(IPythonKernel):
             loop=asyncio.get_running_loop(),
             on_commit=self._on_commit,
         )
-        self.group = _Group(raft, tracker, store)
+        self.group = _Group(raft, tracker, store, asyncio.get_running_loop())
         await raft.wait_ready(timeout=float(content.get("timeout", 20)))
         self.log.info(
             "replica %s joined its group (%d peers)", self.replica_id, len(content["peers"])
