@@ -16,8 +16,12 @@ joining:
   cell and is a barrier: the append returns only once every earlier entry, every earlier
   cell's delta included, has been applied here. A replica that cannot reach a majority of its
   group refuses the cell instead of running it on stale state;
-- after each cell it ran, the replica publishes the cell's namespace delta as a `StateDelta`
-  (after its ``execute_reply`` went out, before it handles the next message);
+- after each cell it ran, the replica publishes the cell's namespace delta as a `StateDelta`,
+  off the critical path: after its ``execute_reply`` and ``idle`` went out;
+- a replica whose LEAD is in the log owes a `StateDelta` until its next one commits. Before a
+  cell runs, the replica waits until no replica owes one (its own publish included), so cell
+  N+1 never runs without cell N's state; if the owing replica died before publishing, it waits
+  `OWED_DELTA_WAIT` seconds, then goes on from the last committed state and says so;
 - it applies every other replica's `StateDelta` in log order and takes its execution count, so
   whichever replica runs the next cell holds the state of every committed cell.
 
@@ -46,6 +50,7 @@ from .statesync_delta import ApplyFailed, EncodedDelta
 
 PUBLISH_DEADLINE = 30.0  # seconds to get a cell's delta committed (leader changes included)
 LEAD_DEADLINE = 5.0  # seconds to commit the LEAD proposal before refusing the cell
+OWED_DELTA_WAIT = 15.0  # seconds to wait for another replica's owed delta before going on
 
 
 @dataclass
@@ -70,6 +75,10 @@ class ReplicatedKernel(IPythonKernel):
         self.replica_id = os.environ.get("KERNELFLEET_REPLICA_ID", "")
         self.replica_dir = Path(os.environ.get("KERNELFLEET_REPLICA_DIR", "."))
         self.group: _Group | None = None
+        self.publishing: asyncio.Future[None] | None = None
+        self.owing: set[str] = set()  # replicas whose LEAD awaits their StateDelta
+        self.settled = asyncio.Event()
+        self.settled.set()
 
     @property
     def user_shell(self) -> Any:
@@ -140,6 +149,8 @@ class ReplicatedKernel(IPythonKernel):
         if group is None:
             await super().execute_request(stream, ident, parent)
             return
+        if self.publishing is not None:
+            await self.publishing  # this replica's previous delta goes first
         cell_id = parent["header"]["msg_id"]
         lead = Proposal(cell_id=cell_id, replica_id=self.replica_id, role=Role.LEAD)
         try:
@@ -148,8 +159,24 @@ class ReplicatedKernel(IPythonKernel):
             self.log.error("replica %s cannot lead cell %s: %s", self.replica_id, cell_id, e)
             self._refuse(stream, ident, parent, f"this replica cannot reach its group ({e})")
             return
+        await self._wait_for_owed_deltas()
         await super().execute_request(stream, ident, parent)
-        await self._publish(group, cell_id)
+        self.publishing = asyncio.ensure_future(self._publish(group, cell_id))
+
+    async def _wait_for_owed_deltas(self) -> None:
+        others = self.owing - {self.replica_id}
+        if not others:
+            return
+        try:
+            await asyncio.wait_for(self.settled.wait(), OWED_DELTA_WAIT)
+        except TimeoutError:
+            print(
+                f"kernelfleet: the state of the last cell on {', '.join(sorted(others))} never "
+                "arrived (that replica was lost); going on from the last committed state",
+                file=sys.stderr,
+            )
+            self.owing.clear()
+            self.settled.set()
 
     def _refuse(self, stream: Any, ident: Any, parent: dict, why: str) -> None:
         content = {
@@ -191,13 +218,20 @@ class ReplicatedKernel(IPythonKernel):
             )
 
     def _on_commit(self, index: int, entry: Any) -> None:
-        """Apply another replica's delta (on the main loop, in log order)."""
+        """Track who owes a delta; apply another replica's (on the main loop, in log order)."""
         group = self.group
-        if (
-            group is None
-            or not isinstance(entry, StateDelta)
-            or entry.replica_id == self.replica_id
-        ):
+        if group is None:
+            return
+        if isinstance(entry, Proposal) and entry.role is Role.LEAD:
+            self.owing.add(entry.replica_id)
+            self.settled.clear()
+            return
+        if not isinstance(entry, StateDelta):
+            return
+        self.owing.discard(entry.replica_id)
+        if not self.owing - {self.replica_id}:
+            self.settled.set()
+        if entry.replica_id == self.replica_id:
             return
         encoded = EncodedDelta(
             changed=dict(entry.changed),
