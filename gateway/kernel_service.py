@@ -32,6 +32,7 @@ from kernelfleet.gateway.hosts import HostRecord, HostRegistry
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
 from kernelfleet.gateway.replication import (
     Member,
+    ask,
     change_members,
     join_group,
     new_group_password,
@@ -76,6 +77,8 @@ class KernelRecord:
     """The kernelspec the hosts launch: `name`, or its replicated twin."""
     replicas_wanted: int = 1
     raft_password: str = ""
+    lost_replicas: list[str] = field(default_factory=list)
+    """Replicas lost from the current group: a newcomer must not wait for what they owed."""
     gpus: int = 0
     replicas: list[ReplicaRecord] = field(default_factory=list)
     link: KernelLink | None = None
@@ -257,6 +260,7 @@ class KernelService:
             raise KernelStartFailed(f"kernel {kernel.id}: a host gave a replica no Raft address")
         settings = self._replication
         kernel.raft_password = new_group_password()
+        kernel.lost_replicas = []
         await join_group(
             self._context, members, kernel.raft_password, settings.store_root, settings.join_timeout
         )
@@ -451,7 +455,9 @@ class KernelService:
         async with kernel.lifecycle:
             if self._kernels.get(kernel.id) is not kernel or lost not in kernel.replicas:
                 return  # shut down or restarted meanwhile
+            kernel.lost_replicas.append(lost.id)
             try:
+                await self._forget(kernel, lost)
                 if kernel.link is not None and kernel.link.replica_id == lost.id:
                     await self._link(kernel, why=f"the replica running it ({lost.id}) was lost")
                     log.warning("kernel %s: failed over to %s", kernel.id, kernel.link.replica_id)
@@ -459,6 +465,23 @@ class KernelService:
             except FleetError as e:
                 live = sum(replica.state != "dead" for replica in kernel.replicas)
                 log.error("kernel %s: runs on %d replica(s); repair failed: %s", kernel.id, live, e)
+
+    async def _forget(self, kernel: KernelRecord, lost: ReplicaRecord) -> None:
+        """Tell the live replicas not to wait for a delta `lost` may have owed."""
+        live = [r for r in kernel.replicas if r.state != "dead"]
+        results = await asyncio.gather(
+            *(
+                ask(
+                    self._context, r.connection, "control", "kernelfleet_forget",
+                    {"replicas": [lost.id]}, self._replication.join_timeout,
+                    f"replica {r.id} forgetting {lost.id}",
+                )
+                for r in live
+            ),
+            return_exceptions=True,
+        )  # fmt: skip
+        for failure in (r for r in results if isinstance(r, BaseException)):
+            log.warning("kernel %s: %s", kernel.id, failure)
 
     async def _replace(self, kernel: KernelRecord, lost: ReplicaRecord) -> None:
         """Launch a replica on a host the kernel does not use, swap it into the group in place
@@ -484,7 +507,7 @@ class KernelService:
             member = Member(new.id, new.raft_address or "", new.connection)
             await join_group(
                 self._context, [member], kernel.raft_password, self._replication.store_root,
-                timeout, existing=existing,
+                timeout, existing=existing, forget=tuple(kernel.lost_replicas),
             )  # fmt: skip
         except BaseException:
             kernel.replicas[index] = lost

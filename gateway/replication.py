@@ -43,12 +43,16 @@ async def join_group(
     store_root: str,
     timeout: float,
     existing: tuple[str, ...] = (),
+    forget: tuple[str, ...] = (),
 ) -> None:
     """Join every member to the group (whose other members are at `existing` addresses);
     `KernelStartFailed` names the replica that could not."""
     addresses = [*existing, *(member.raft_address for member in members)]
     await asyncio.gather(
-        *(_join(context, member, addresses, password, store_root, timeout) for member in members)
+        *(
+            _join(context, member, addresses, password, store_root, timeout, forget)
+            for member in members
+        )
     )
 
 
@@ -59,6 +63,7 @@ async def _join(
     password: str,
     store_root: str,
     timeout: float,
+    forget: tuple[str, ...],
 ) -> None:
     content = {
         "replica_id": member.replica_id,
@@ -67,6 +72,7 @@ async def _join(
         "password": password,
         "store_root": store_root,
         "timeout": timeout,
+        "forget": list(forget),
     }
     what = f"replica {member.replica_id} joining its Raft group"
     await ask(context, member.connection, "shell", "kernelfleet_join", content, timeout, what)

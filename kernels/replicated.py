@@ -4,7 +4,8 @@ Each replica of a kernel runs this kernel. Until the gateway sends ``kernelfleet
 it is a plain IPython kernel. The join (a shell message, so it runs on the main thread, where
 the Raft log's callbacks then arrive) carries::
 
-    {"replica_id", "address": "ip:port", "peers": ["ip:port", ...], "password", "store_root"}
+    {"replica_id", "address": "ip:port", "peers": ["ip:port", ...], "password", "store_root",
+     "forget": [ids of replicas already lost]}
 
 and is answered ``kernelfleet_join_reply`` ``{"status": "ok"}`` once the group has a leader.
 ``kernelfleet_membership_request`` ``{"remove": [addresses], "add": [addresses]}`` (control
@@ -21,7 +22,9 @@ joining:
 - a replica whose LEAD is in the log owes a `StateDelta` until its next one commits. Before a
   cell runs, the replica waits until no replica owes one (its own publish included), so cell
   N+1 never runs without cell N's state; if the owing replica died before publishing, it waits
-  `OWED_DELTA_WAIT` seconds, then goes on from the last committed state and says so;
+  `OWED_DELTA_WAIT` seconds, then goes on from the last committed state and says so.
+  ``kernelfleet_forget_request`` ``{"replicas": [ids]}`` (control) says those replicas are lost,
+  so nobody waits for what they owed;
 - it applies every other replica's `StateDelta` in log order and takes its execution count, so
   whichever replica runs the next cell holds the state of every committed cell.
 
@@ -72,11 +75,13 @@ class ReplicatedKernel(IPythonKernel):
         super().__init__(**kwargs)
         self.shell_handlers["kernelfleet_join_request"] = self.kernelfleet_join_request
         self.control_handlers["kernelfleet_membership_request"] = self.membership_request
+        self.control_handlers["kernelfleet_forget_request"] = self.forget_request
         self.replica_id = os.environ.get("KERNELFLEET_REPLICA_ID", "")
         self.replica_dir = Path(os.environ.get("KERNELFLEET_REPLICA_DIR", "."))
         self.group: _Group | None = None
         self.publishing: asyncio.Future[None] | None = None
         self.owing: set[str] = set()  # replicas whose LEAD awaits their StateDelta
+        self.forgotten: set[str] = set()  # lost replicas: whatever they owed never comes
         self.settled = asyncio.Event()
         self.settled.set()
 
@@ -115,6 +120,21 @@ class ReplicatedKernel(IPythonKernel):
         assert self.session is not None
         self.session.send(stream, "kernelfleet_membership_reply", reply, parent, ident)
 
+    async def forget_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        """Stop waiting for deltas owed by replicas the gateway knows are lost (control thread)."""
+        lost = set(parent["content"].get("replicas", []))
+        group = self.group
+        if group is not None:
+            group.loop.call_soon_threadsafe(self._forget, lost)
+        assert self.session is not None
+        self.session.send(stream, "kernelfleet_forget_reply", {"status": "ok"}, parent, ident)
+
+    def _forget(self, lost: set[str]) -> None:
+        self.forgotten |= lost
+        self.owing -= lost
+        if not self.owing - {self.replica_id}:
+            self.settled.set()
+
     @staticmethod
     async def _change_members(group: _Group, remove: list[str], add: list[str]) -> tuple[str, ...]:
         for address in remove:
@@ -127,6 +147,7 @@ class ReplicatedKernel(IPythonKernel):
         if self.group is not None:
             raise RuntimeError(f"replica {self.replica_id} has already joined its group")
         self.replica_id = content.get("replica_id") or self.replica_id
+        self.forgotten.update(content.get("forget", []))  # before replaying the log
         shell = self.user_shell
         tracker = NamespaceTracker(shell.user_ns, hidden=shell.user_ns_hidden)
         store = LocalDirectoryStore(content["store_root"])
@@ -223,6 +244,8 @@ class ReplicatedKernel(IPythonKernel):
         if group is None:
             return
         if isinstance(entry, Proposal) and entry.role is Role.LEAD:
+            if entry.replica_id in self.forgotten:
+                return
             self.owing.add(entry.replica_id)
             self.settled.clear()
             return

@@ -100,13 +100,16 @@ async def test_losing_the_executor_mid_cell_then_between_cells_loses_no_state(re
     started = time.monotonic()
     fleet.signal_host(lost, signal.SIGKILL)
     result = await client.collect(msg_id, timeout=30)
+    heard = time.monotonic() - started
     assert result.reply["status"] == "error"
     assert result.reply["ename"] == "ReplicaLost"
-    assert time.monotonic() - started < 20, "the client hears of the loss within seconds"
+    assert heard < 20, "the client hears of the loss within seconds"
     await asyncio.wait_for(read_until_closed(client.ws), 10)
 
     client = await fleet.connect(first)
     after = await client.execute(CHECK)
+    recovered = time.monotonic() - started
+    print(f"\nexecutor lost mid-cell: error after {heard:.1f} s, next cell done {recovered:.1f} s")
     assert after.stdout == EXPECTED, after.iopub
     assert executor_host(fleet, first) != lost
 
@@ -118,10 +121,12 @@ async def test_losing_the_executor_mid_cell_then_between_cells_loses_no_state(re
 
     view_hosts = {replica["host"] for replica in view["replicas"]}
     new = wait_for(replacement, 30, "a replacement replica to catch up")
+    print(f"replacement caught up {time.monotonic() - started:.1f} s after the loss")
     assert len(fleet.api("GET", f"/api/fleet/kernels/{first}")["replicas"]) == 3
 
     # Between cells: the executor is lost again; the next cell runs on the replacement.
     running_on = executor_host(fleet, first)
+    lost_again = time.monotonic()
     fleet.signal_host(running_on, signal.SIGKILL)
     await asyncio.wait_for(read_until_closed(client.ws), 20)
     wait_for(
@@ -131,5 +136,6 @@ async def test_losing_the_executor_mid_cell_then_between_cells_loses_no_state(re
     )
     client = await fleet.connect(first)
     assert (await client.execute(CHECK)).stdout == EXPECTED
+    print(f"executor lost between cells: next cell done {time.monotonic() - lost_again:.1f} s")
     assert executor_host(fleet, first) == new["host"], "the caught-up replacement ran the cell"
     client.close()
