@@ -365,6 +365,7 @@ def summarize(
             "kernel_starts": args.starts,
             "cell": CELL,
             "framing": args.framing,
+            "replicas": args.replicas,
         },
         "configurations": results,
         "ratios": ratios,
@@ -447,6 +448,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--starts", type=int, default=9, help="kernel starts per configuration")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        choices=[1, 2, 3],
+        help="replicas per kernelfleet kernel (3: a Raft group, state synced after every cell)",
+    )
+    parser.add_argument(
         "--framing",
         choices=["legacy", "v1"],
         default="legacy",
@@ -465,8 +473,12 @@ def run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     fleet: Fleet | None = None
     servers: list[Endpoint] = []
     try:
-        progress("starting the kernelfleet gateway and 3 host agents")
-        fleet = start_fleet(root / "fleet", hosts=3, gpus=2, token=secrets.token_hex(16))
+        progress(
+            f"starting the kernelfleet gateway and 3 host agents, {args.replicas} replicas/kernel"
+        )
+        fleet = start_fleet(
+            root / "fleet", hosts=3, gpus=2, token=secrets.token_hex(16), replicas=args.replicas
+        )
         configs = configurations(fleet.url, fleet.token)
         server_token = secrets.token_hex(16)
         progress("starting 4 jupyter_server subprocesses")
