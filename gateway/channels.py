@@ -102,6 +102,16 @@ class KernelLink:
         self._iopub.setsockopt(zmq.SUBSCRIBE, b"")
         self._iopub.connect(self.info.url("iopub"))
         self._pump = asyncio.create_task(self._pump_iopub(), name=f"iopub-{self.kernel_id}")
+        await self.nudge(timeout)
+
+    async def nudge(self, timeout: float = 10.0) -> None:
+        """Send ``kernel_info_request`` until something arrives on IOPub.
+
+        Needed after subscribing, and again after the kernel process was replaced on the same
+        ports (a restart): ZMQ reconnects the subscription by itself, but what the new process
+        publishes before that reconnection is lost.
+        """
+        self._first_iopub.clear()
         nudge = self._context.socket(zmq.DEALER)
         nudge.setsockopt(zmq.LINGER, 0)
         nudge.connect(self.info.url("shell"))

@@ -292,6 +292,8 @@ class KernelService:
                         kernel.replicas[index] = await self._restart_replica(kernel, replica)
                     if [replica.connection for replica in kernel.replicas] != old_connections:
                         await self._link(kernel)
+                    elif kernel.link is not None:
+                        await kernel.link.nudge(self._launch_timeout)
             except BaseException:
                 kernel.execution_state = "dead" if kernel.dead else "idle"
                 self._announce(kernel, kernel.execution_state)
