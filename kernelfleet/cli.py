@@ -22,6 +22,7 @@ class KernelfleetApp(Application):
             "kernelfleet.gateway.app.GatewayApp",
             "Start the gateway (the Jupyter gateway API and the fleet admin API).",
         ),
+        "simulate": ("kernelfleet.scheduler.simulator.app.SimulateApp", "Simulate a trace."),
         "host": (
             "kernelfleet.kernels.agent.HostAgentApp",
             "Start a host agent: GPU inventory and kernel launcher for one machine.",

@@ -1,36 +1,263 @@
-"""The built-in policies."""
+"""The built-in policies: ``notebookos``, ``reservation`` and ``fcfs-batch``.
+
+Each is pure: decisions are functions of the snapshot and the request (REFERENCE.md §2 for the
+NotebookOS formulas). Ties are broken by host id so equal inputs give equal answers.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from kernelfleet.errors import NoCapacity
-from kernelfleet.scheduler.policy import Placement, PlacementRequest, Policy
+from kernelfleet.scheduler.autoscale import AutoscaleConfig, autoscale
+from kernelfleet.scheduler.decisions import (
+    AdmitDecision,
+    AutoscaleDecision,
+    ExecutorDecision,
+    Migrate,
+    Placement,
+    Queue,
+    QueueReason,
+    Reject,
+    RejectReason,
+    RunOn,
+    ScaleOut,
+)
+from kernelfleet.scheduler.policy import (
+    ExecuteRequest,
+    GpuBinding,
+    PlacementRequest,
+    Policy,
+    StateSync,
+)
 from kernelfleet.scheduler.snapshot import FleetSnapshot, HostSnapshot
 
+SUBSCRIPTION_RATIO_CAP = 7.0
 
-class NotebookOSPolicy(Policy):
+
+class AutoscalingPolicy(Policy):
+    """Shared by the built-ins: the NotebookOS autoscaling formula with `AutoscaleConfig`."""
+
+    def __init__(self, autoscaling: AutoscaleConfig | None = None) -> None:
+        self.autoscaling = autoscaling or AutoscaleConfig()
+
+    def autoscale(self, snapshot: FleetSnapshot) -> AutoscaleDecision:
+        return autoscale(snapshot, self.autoscaling)
+
+
+class NotebookOSPolicy(AutoscalingPolicy):
     """Replicated kernels on oversubscribed hosts, GPUs bound only while a cell runs.
 
     Placement spreads replicas over distinct hosts, least loaded first: fewest replicas, then most
-    idle GPUs, then host id (so equal hosts are chosen in a stable order).
+    idle GPUs, then host id. A host is refused a replica if its subscription ratio after placement
+    would exceed the cluster's (`cluster_subscription_ratio`).
     """
 
     name = "notebookos"
+    replicas = 3
+    binding = GpuBinding.PER_CELL
+    state_sync = StateSync.OFF_CRITICAL_PATH
 
     def place(self, snapshot: FleetSnapshot, request: PlacementRequest) -> Placement:
+        decision = self.admit(snapshot, request)
+        if isinstance(decision, Placement):
+            return decision
+        raise NoCapacity(f"kernel {request.kernel_id}: {_explain(decision)}")
+
+    def admit(self, snapshot: FleetSnapshot, request: PlacementRequest) -> AdmitDecision:
         alive = snapshot.alive_hosts()
-        if not alive:
-            raise NoCapacity("no host agent is alive: start one with 'kernelfleet host'")
-        fitting = [host for host in alive if host.gpus_total >= request.gpus]
-        if len(fitting) < request.replicas:
-            largest = max(host.gpus_total for host in alive)
-            raise NoCapacity(
-                f"kernel {request.kernel_id} needs {request.replicas} host(s) with at least "
-                f"{request.gpus} GPU(s) each; {len(fitting)} of {len(alive)} alive host(s) qualify "
-                f"(the largest has {largest})"
+        if not alive and snapshot.hosts_pending == 0 and snapshot.gpus_per_host <= 0:
+            return Queue(
+                QueueReason.WAITING_FOR_HOSTS,
+                "no host agent is alive: start one with 'kernelfleet host'",
             )
-        chosen = sorted(fitting, key=_load_order)[: request.replicas]
-        return Placement(host_ids=tuple(host.id for host in chosen))
+        too_large = _too_large(snapshot, request.gpus)
+        if too_large is not None:
+            return too_large
+        fitting = [host for host in alive if host.gpus_total >= request.gpus]
+        ratio = cluster_subscription_ratio(snapshot)
+        allowed = [host for host in fitting if _accepts_replica(host, request.gpus, ratio)]
+        if len(allowed) >= request.replicas:
+            chosen = sorted(allowed, key=_load_order)[: request.replicas]
+            return Placement(host_ids=tuple(host.id for host in chosen))
+        missing = request.replicas - len(allowed) - snapshot.hosts_pending
+        detail = (
+            f"needs {request.replicas} host(s) with at least {request.gpus} GPU(s) each; "
+            f"{len(fitting)} of {len(alive)} alive host(s) are large enough and {len(allowed)} "
+            f"within the cluster subscription ratio {ratio:.2f}"
+        )
+        if snapshot.gpus_per_host > 0 and missing > 0:
+            return ScaleOut(missing)
+        reason = QueueReason.SUBSCRIPTION_FULL if fitting else QueueReason.WAITING_FOR_HOSTS
+        return Queue(reason, detail)
+
+    def choose_executor(self, snapshot: FleetSnapshot, request: ExecuteRequest) -> ExecutorDecision:
+        """Previous executor if its host can commit the GPUs; else the replica whose host has the
+        most idle GPUs; else migrate the replica on the busiest host to the least loaded host
+        that can commit them; else scale out (or wait for hosts already being added)."""
+        kernel = request.kernel
+        if not kernel.replica_hosts:
+            return Reject(RejectReason.NO_REPLICAS, f"kernel {kernel.id} has no replica")
+        too_large = _too_large(snapshot, request.gpus)
+        if too_large is not None:
+            return too_large
+        previous = snapshot.host(kernel.executor_host) if kernel.executor_host else None
+        in_kernel = previous is not None and previous.id in kernel.replica_hosts
+        if previous is not None and in_kernel and previous.can_commit(request.gpus):
+            return RunOn(previous.id)
+        replicas = _hosts(snapshot, kernel.replica_hosts)
+        able = [host for host in replicas if host.can_commit(request.gpus)]
+        if able:
+            return RunOn(min(able, key=lambda h: (-h.gpus_idle, h.id)).id)
+        target = migration_target(snapshot, request.gpus, exclude=kernel.replica_hosts)
+        if target is not None:
+            source = _migration_source(replicas, kernel.replica_hosts, kernel.executor_host)
+            return Migrate(from_host=source, to_host=target.id)
+        if snapshot.hosts_pending > 0 or snapshot.gpus_per_host <= 0:
+            return Queue(QueueReason.WAITING_FOR_GPUS, f"waiting for {request.gpus} GPU(s)")
+        return ScaleOut(1)
+
+
+class ReservationPolicy(AutoscalingPolicy):
+    """The JupyterHub/Colab way: a session commits its GPUs on one host for its whole life.
+
+    Admission picks the alive host with the fewest idle GPUs that still fit (best fit, then id).
+    """
+
+    name = "reservation"
+    replicas = 1
+    binding = GpuBinding.PER_SESSION
+    state_sync = StateSync.OFF_CRITICAL_PATH
+
+    def place(self, snapshot: FleetSnapshot, request: PlacementRequest) -> Placement:
+        decision = self.admit(snapshot, request)
+        if isinstance(decision, Placement):
+            return decision
+        raise NoCapacity(f"kernel {request.kernel_id}: {_explain(decision)}")
+
+    def admit(self, snapshot: FleetSnapshot, request: PlacementRequest) -> AdmitDecision:
+        too_large = _too_large(snapshot, request.gpus)
+        if too_large is not None:
+            return too_large
+        fits = [host for host in snapshot.alive_hosts() if host.can_commit(request.gpus)]
+        if len(fits) >= request.replicas:
+            chosen = sorted(fits, key=lambda h: (h.gpus_idle, h.id))[: request.replicas]
+            return Placement(tuple(host.id for host in chosen))
+        return _grow_or_wait(snapshot, request.gpus)
+
+    def choose_executor(self, snapshot: FleetSnapshot, request: ExecuteRequest) -> ExecutorDecision:
+        """The kernel's own host: its GPUs are already committed to it."""
+        kernel = request.kernel
+        if not kernel.replica_hosts:
+            return Reject(RejectReason.NO_REPLICAS, f"kernel {kernel.id} has no replica")
+        return RunOn(kernel.executor_host or kernel.replica_hosts[0])
+
+
+class FcfsBatchPolicy(AutoscalingPolicy):
+    """A fresh container per cell, first come first served: the cell's GPUs and its container
+    are taken on the best-fitting host, state is loaded before and saved after on the critical
+    path. Between cells a kernel holds nothing."""
+
+    name = "fcfs-batch"
+    replicas = 0
+    binding = GpuBinding.PER_CELL
+    state_sync = StateSync.ON_CRITICAL_PATH
+
+    def place(self, snapshot: FleetSnapshot, request: PlacementRequest) -> Placement:
+        """For the gateway, which needs somewhere to start the kernel: least loaded hosts."""
+        alive = snapshot.alive_hosts()
+        if len(alive) < request.replicas:
+            raise NoCapacity(
+                f"kernel {request.kernel_id} needs {request.replicas} host(s); {len(alive)} alive"
+            )
+        chosen = sorted(alive, key=_load_order)[: request.replicas]
+        return Placement(tuple(host.id for host in chosen))
+
+    def admit(self, snapshot: FleetSnapshot, request: PlacementRequest) -> AdmitDecision:
+        """Nothing is held between cells, so admission takes no host."""
+        return _too_large(snapshot, request.gpus) or Placement(())
+
+    def choose_executor(self, snapshot: FleetSnapshot, request: ExecuteRequest) -> ExecutorDecision:
+        too_large = _too_large(snapshot, request.gpus)
+        if too_large is not None:
+            return too_large
+        fits = [host for host in snapshot.alive_hosts() if host.can_commit(request.gpus)]
+        if fits:
+            return RunOn(min(fits, key=lambda h: (h.gpus_idle, h.id)).id)
+        return _grow_or_wait(snapshot, request.gpus)
+
+
+def cluster_subscription_ratio(snapshot: FleetSnapshot) -> float:
+    """Demand GPUs / busy GPUs over the caller's window, within [1, 7]; 7 when nothing is busy."""
+    if snapshot.busy_gpus <= 0:
+        return SUBSCRIPTION_RATIO_CAP
+    return min(SUBSCRIPTION_RATIO_CAP, max(1.0, snapshot.demand_gpus / snapshot.busy_gpus))
+
+
+def migration_target(
+    snapshot: FleetSnapshot, gpus: int, exclude: Iterable[str] = ()
+) -> HostSnapshot | None:
+    """The least loaded alive host, not in `exclude`, that can commit `gpus` now: fewest
+    committed GPUs, then lowest subscription, then fewest replicas, then id."""
+    excluded = set(exclude)
+    able = [h for h in snapshot.alive_hosts() if h.id not in excluded and h.can_commit(gpus)]
+    if not able:
+        return None
+    return min(able, key=lambda h: (h.gpus_committed, h.subscription_ratio(), h.replicas, h.id))
+
+
+def _accepts_replica(host: HostSnapshot, gpus: int, ratio: float) -> bool:
+    """The host-refusal rule: subscription after placement must not exceed the cluster ratio."""
+    return gpus == 0 or host.subscription_ratio(gpus) <= ratio
+
+
+def _migration_source(
+    replicas: list[HostSnapshot], replica_hosts: tuple[str, ...], executor: str | None
+) -> str:
+    """The replica to move: on the busiest host (fewest idle GPUs), not the previous executor
+    when there is a choice (its state is warmest), then by host id. A replica whose host is
+    gone from the snapshot is moved first."""
+    known = {host.id for host in replicas}
+    lost = sorted(host_id for host_id in replica_hosts if host_id not in known)
+    if lost:
+        return lost[0]
+    return min(replicas, key=lambda h: (h.gpus_idle, h.id == executor, h.id)).id
+
+
+def _grow_or_wait(snapshot: FleetSnapshot, gpus: int) -> ScaleOut | Queue:
+    if snapshot.hosts_pending > 0 or snapshot.gpus_per_host <= 0:
+        return Queue(QueueReason.WAITING_FOR_GPUS, f"waiting for {gpus} GPU(s)")
+    return ScaleOut(1)
+
+
+def _too_large(snapshot: FleetSnapshot, gpus: int) -> Reject | None:
+    size = snapshot.host_size
+    known = snapshot.gpus_per_host > 0 or bool(snapshot.alive_hosts())
+    if known and gpus > size:
+        return Reject(
+            RejectReason.LARGER_THAN_ANY_HOST,
+            f"needs {gpus} GPU(s) on one host; the largest has {size}",
+        )
+    return None
+
+
+def _hosts(snapshot: FleetSnapshot, host_ids: Iterable[str]) -> list[HostSnapshot]:
+    found = (snapshot.host(host_id) for host_id in host_ids)
+    return [host for host in found if host is not None and host.alive]
+
+
+def _explain(decision: AdmitDecision) -> str:
+    if isinstance(decision, Queue | Reject):
+        return f"{decision.reason.value}" + (f" ({decision.detail})" if decision.detail else "")
+    if isinstance(decision, ScaleOut):
+        return f"needs {decision.hosts} more host(s)"
+    return "placed"
 
 
 def _load_order(host: HostSnapshot) -> tuple[int, int, str]:
     return (host.replicas, -host.gpus_idle, host.id)
+
+
+BUILTIN_POLICIES: dict[str, type[Policy]] = {
+    policy.name: policy for policy in (NotebookOSPolicy, ReservationPolicy, FcfsBatchPolicy)
+}

@@ -3,13 +3,52 @@
 from __future__ import annotations
 
 import abc
+import enum
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
-from kernelfleet.errors import InvalidRequest
-from kernelfleet.scheduler.snapshot import FleetSnapshot
+from kernelfleet.errors import InvalidRequest, NoCapacity
+from kernelfleet.scheduler.decisions import (
+    AdmitDecision,
+    AutoscaleDecision,
+    ExecutorDecision,
+    Hold,
+    Placement,
+    Queue,
+    QueueReason,
+    Reject,
+    RejectReason,
+    RunOn,
+)
+from kernelfleet.scheduler.snapshot import FleetSnapshot, KernelSnapshot
 
 ENTRY_POINT_GROUP = "kernelfleet.policies"
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ExecuteRequest",
+    "GpuBinding",
+    "Placement",
+    "PlacementRequest",
+    "Policy",
+    "StateSync",
+    "available_policies",
+    "load_policy",
+]
+
+
+class GpuBinding(enum.Enum):
+    """When a policy's kernels hold GPUs."""
+
+    PER_CELL = "per-cell"  # committed when a cell starts, released when it ends
+    PER_SESSION = "per-session"  # committed when the kernel is admitted, released at its end
+
+
+class StateSync(enum.Enum):
+    """Where a kernel's state is saved and restored relative to a cell's execution."""
+
+    OFF_CRITICAL_PATH = "off-critical-path"  # replicas stay warm; sync after the reply
+    ON_CRITICAL_PATH = "on-critical-path"  # fresh container: load before, save after, GPUs held
 
 
 @dataclass(frozen=True)
@@ -22,10 +61,11 @@ class PlacementRequest:
 
 
 @dataclass(frozen=True)
-class Placement:
-    """The hosts chosen for a kernel's replicas, in replica order."""
+class ExecuteRequest:
+    """A cell of `kernel` that needs `gpus` GPUs (the kernel's default or a per-cell override)."""
 
-    host_ids: tuple[str, ...]
+    kernel: KernelSnapshot
+    gpus: int
 
 
 class Policy(abc.ABC):
@@ -33,14 +73,45 @@ class Policy(abc.ABC):
 
     Every method is a pure function of its arguments: no I/O, no clock, no hidden state that
     changes between calls. The gateway calls `place` when a kernel is created or restarted on
-    lost hosts; the simulator calls it at each simulated session start.
+    lost hosts; the simulator calls `admit` at each simulated session start, `choose_executor`
+    at each cell and `autoscale` every autoscaling round. The class attributes tell the caller
+    how to execute the decisions: how many replicas a kernel has, when GPUs are bound, and
+    whether state sync sits on a cell's critical path.
     """
 
     name: str = ""
+    replicas: int = 1
+    binding: GpuBinding = GpuBinding.PER_CELL
+    state_sync: StateSync = StateSync.OFF_CRITICAL_PATH
 
     @abc.abstractmethod
     def place(self, snapshot: FleetSnapshot, request: PlacementRequest) -> Placement:
         """Choose ``request.replicas`` distinct alive hosts, or raise `NoCapacity` saying why."""
+
+    def admit(self, snapshot: FleetSnapshot, request: PlacementRequest) -> AdmitDecision:
+        """Admit a new kernel: a `Placement`, or what to do instead. By default, `place`
+        with `NoCapacity` turned into waiting for hosts."""
+        try:
+            return self.place(snapshot, request)
+        except NoCapacity as error:
+            return Queue(QueueReason.WAITING_FOR_HOSTS, error.message)
+
+    def choose_executor(self, snapshot: FleetSnapshot, request: ExecuteRequest) -> ExecutorDecision:
+        """Pick the replica that runs a cell. By default: the previous executor's host if it can
+        commit the GPUs, else the first replica host that can, else wait."""
+        kernel = request.kernel
+        if not kernel.replica_hosts:
+            return Reject(RejectReason.NO_REPLICAS, f"kernel {kernel.id} has no replica")
+        order = [kernel.executor_host] if kernel.executor_host in kernel.replica_hosts else []
+        for host_id in [*order, *kernel.replica_hosts]:
+            host = snapshot.host(host_id) if host_id else None
+            if host is not None and host.can_commit(request.gpus):
+                return RunOn(host.id)
+        return Queue(QueueReason.WAITING_FOR_GPUS)
+
+    def autoscale(self, snapshot: FleetSnapshot) -> AutoscaleDecision:
+        """One autoscaling round. By default the fleet is fixed: `Hold`."""
+        return Hold()
 
 
 def available_policies() -> list[str]:

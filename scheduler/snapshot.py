@@ -1,13 +1,23 @@
-"""Frozen views of the fleet that policies decide on."""
+"""Frozen views of the fleet that policies decide on.
+
+Every field added since the first version has a default, so callers that only know hosts (the
+gateway's placement) keep working unchanged.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 
 @dataclass(frozen=True)
 class HostSnapshot:
-    """One host as a policy sees it. GPU counts are whole devices."""
+    """One host as a policy sees it. GPU counts are whole devices.
+
+    ``gpus_subscribed`` sums the GPU needs of the idle replicas on the host (claims, not
+    exclusive); ``gpus_committed`` counts GPUs bound to a running cell (or, for a reserving
+    policy, to a session).
+    """
 
     id: str
     gpus_total: int
@@ -20,13 +30,67 @@ class HostSnapshot:
     def gpus_idle(self) -> int:
         return self.gpus_total - self.gpus_committed
 
+    def can_commit(self, gpus: int) -> bool:
+        """Whether a cell needing `gpus` GPUs could start on this host now."""
+        return self.alive and self.gpus_idle >= gpus
+
+    def subscription_ratio(self, extra_gpus: int = 0) -> float:
+        """Subscribed GPUs (plus `extra_gpus`) per GPU of the host; 0 for a GPU-less host."""
+        if self.gpus_total <= 0:
+            return 0.0
+        return (self.gpus_subscribed + extra_gpus) / self.gpus_total
+
+
+@dataclass(frozen=True)
+class KernelSnapshot:
+    """One kernel: its GPU need, the hosts of its replicas, and its last executor's host."""
+
+    id: str
+    gpus: int = 0
+    replica_hosts: tuple[str, ...] = ()
+    executor_host: str | None = None
+
 
 @dataclass(frozen=True)
 class FleetSnapshot:
-    """Every host, at time ``now`` (seconds on whatever clock the caller runs)."""
+    """Every host, at time ``now`` (seconds on whatever clock the caller runs).
+
+    ``demand_gpus`` and ``busy_gpus`` are the caller's moving-window averages of the GPUs
+    subscribed by all replicas (the sum of the hosts' ``gpus_subscribed``, so that the cluster
+    ratio and a host's ratio are in the same unit) and of the GPUs committed to running cells;
+    they give the cluster subscription ratio. ``hosts_pending`` counts hosts asked for but not
+    yet up; ``gpus_waiting`` the GPUs of cells and sessions queued for capacity.
+    ``gpus_per_host`` is the size of a host the autoscaler would add (0: the largest alive host).
+    """
 
     hosts: tuple[HostSnapshot, ...]
     now: float = 0.0
+    kernels: tuple[KernelSnapshot, ...] = ()
+    gpus_per_host: int = 0
+    hosts_pending: int = 0
+    demand_gpus: float = 0.0
+    busy_gpus: float = 0.0
+    gpus_waiting: int = 0
+    _index: dict[str, HostSnapshot] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def alive_hosts(self) -> tuple[HostSnapshot, ...]:
         return tuple(host for host in self.hosts if host.alive)
+
+    def host(self, host_id: str) -> HostSnapshot | None:
+        """The host called `host_id`, or None if the snapshot has no such host."""
+        if not self._index:
+            self._index.update((host.id, host) for host in self.hosts)
+        return self._index.get(host_id)
+
+    @cached_property
+    def host_size(self) -> int:
+        """GPUs per host for autoscaling: ``gpus_per_host`` or the largest alive host's."""
+        if self.gpus_per_host > 0:
+            return self.gpus_per_host
+        return max((host.gpus_total for host in self.alive_hosts()), default=0)
+
+    @property
+    def gpus_committed(self) -> int:
+        return sum(host.gpus_committed for host in self.hosts if host.alive)

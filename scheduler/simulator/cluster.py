@@ -1,0 +1,148 @@
+"""The simulated fleet: hosts with a GPU ledger, kernels with replicas, and their snapshots.
+
+Only the engine mutates it, through the methods here, which keep the ledger consistent:
+a host's ``subscribed`` is the sum of its replicas' GPU needs and ``committed`` never exceeds its
+GPUs (`LedgerError` otherwise — a bug in the engine or a policy, never silently absorbed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kernelfleet.scheduler.snapshot import FleetSnapshot, HostSnapshot, KernelSnapshot
+
+
+class LedgerError(RuntimeError):
+    """A decision that the GPU ledger cannot honour (a policy or engine bug)."""
+
+
+@dataclass
+class SimHost:
+    id: str
+    gpus: int
+    subscribed: int = 0
+    committed: int = 0
+    kernels: set[str] = field(default_factory=set)
+    _snapshot: HostSnapshot | None = None
+
+    def snapshot(self) -> HostSnapshot:
+        if self._snapshot is None:
+            self._snapshot = HostSnapshot(
+                self.id, self.gpus, self.subscribed, self.committed, len(self.kernels)
+            )
+        return self._snapshot
+
+
+@dataclass
+class SimKernel:
+    id: str
+    gpus: int
+    replica_hosts: list[str] = field(default_factory=list)
+    executor_host: str | None = None
+    reserved_host: str | None = None
+
+    def snapshot(self) -> KernelSnapshot:
+        return KernelSnapshot(self.id, self.gpus, tuple(self.replica_hosts), self.executor_host)
+
+
+class Cluster:
+    """Hosts by id (alive ones only), kernels by id, hosts being added, and a change counter."""
+
+    def __init__(self, gpus_per_host: int) -> None:
+        self.gpus_per_host = gpus_per_host
+        self.hosts: dict[str, SimHost] = {}
+        self.kernels: dict[str, SimKernel] = {}
+        self.pending = 0
+        self.version = 0
+        self._next_host = 0
+        self._snapshot_hosts: tuple[HostSnapshot, ...] | None = None
+
+    # ---- hosts ---------------------------------------------------------------------------
+
+    def add_host(self) -> SimHost:
+        self._next_host += 1
+        host = SimHost(f"h{self._next_host}", self.gpus_per_host)
+        self.hosts[host.id] = host
+        self._changed(None)
+        return host
+
+    def remove_host(self, host_id: str) -> None:
+        host = self.hosts[host_id]
+        if host.committed or host.kernels:
+            raise LedgerError(f"host {host_id} still holds GPUs or replicas")
+        del self.hosts[host_id]
+        self._changed(None)
+
+    @property
+    def committed(self) -> int:
+        return sum(host.committed for host in self.hosts.values())
+
+    def commit(self, host_id: str, gpus: int) -> None:
+        host = self.hosts[host_id]
+        if host.committed + gpus > host.gpus:
+            raise LedgerError(f"host {host_id}: {host.committed}+{gpus} > {host.gpus} GPUs")
+        host.committed += gpus
+        self._changed(host)
+
+    def release(self, host_id: str, gpus: int) -> None:
+        host = self.hosts[host_id]
+        if gpus > host.committed:
+            raise LedgerError(f"host {host_id}: releasing {gpus} of {host.committed} GPUs")
+        host.committed -= gpus
+        self._changed(host)
+
+    # ---- kernels and replicas ------------------------------------------------------------
+
+    def add_kernel(self, kernel: SimKernel, host_ids: tuple[str, ...]) -> None:
+        self.kernels[kernel.id] = kernel
+        for host_id in host_ids:
+            self.add_replica(kernel, host_id)
+
+    def remove_kernel(self, kernel_id: str) -> None:
+        kernel = self.kernels.pop(kernel_id)
+        for host_id in list(kernel.replica_hosts):
+            self.remove_replica(kernel, host_id)
+
+    def add_replica(self, kernel: SimKernel, host_id: str) -> None:
+        host = self.hosts[host_id]
+        if kernel.id in host.kernels:
+            raise LedgerError(f"kernel {kernel.id} already has a replica on {host_id}")
+        host.kernels.add(kernel.id)
+        host.subscribed += kernel.gpus
+        kernel.replica_hosts.append(host_id)
+        self._changed(host)
+
+    def remove_replica(self, kernel: SimKernel, host_id: str) -> None:
+        host = self.hosts[host_id]
+        host.kernels.discard(kernel.id)
+        host.subscribed -= kernel.gpus
+        kernel.replica_hosts.remove(host_id)
+        if kernel.executor_host == host_id:
+            kernel.executor_host = None
+        self._changed(host)
+
+    def move_replica(self, kernel: SimKernel, from_host: str, to_host: str) -> None:
+        self.remove_replica(kernel, from_host)
+        self.add_replica(kernel, to_host)
+
+    # ---- snapshots -----------------------------------------------------------------------
+
+    def snapshot(self, now: float, demand: float, busy: float, waiting: int) -> FleetSnapshot:
+        """The fleet as policies see it; host snapshots are rebuilt only where changed."""
+        if self._snapshot_hosts is None:
+            self._snapshot_hosts = tuple(host.snapshot() for host in self.hosts.values())
+        return FleetSnapshot(
+            hosts=self._snapshot_hosts,
+            now=now,
+            gpus_per_host=self.gpus_per_host,
+            hosts_pending=self.pending,
+            demand_gpus=demand,
+            busy_gpus=busy,
+            gpus_waiting=waiting,
+        )
+
+    def _changed(self, host: SimHost | None) -> None:
+        if host is not None:
+            host._snapshot = None
+        self._snapshot_hosts = None
+        self.version += 1

@@ -1,0 +1,84 @@
+"""Every assumption of the simulation, named, with its default and meaning.
+
+All durations are in seconds of simulated time. `SimulationConfig.assumptions` is what the
+command prints and writes under ``"assumptions"`` in its JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kernelfleet.errors import InvalidRequest
+from kernelfleet.scheduler.autoscale import AutoscaleConfig
+
+#: one line per assumption, printed with the results
+EXPLANATIONS = {
+    "hosts": "hosts alive at the start, and the fewest the autoscaler keeps",
+    "gpus_per_host": "GPUs on every host, including those added by scale-out",
+    "max_hosts": "most hosts the autoscaler may have (0: no limit)",
+    "scale_out_delay_s": "time from a scale-out decision until the new host is usable",
+    "autoscale_interval_s": "time between autoscaling rounds",
+    "autoscale_headroom": "committed GPUs are multiplied by this in the scale-out target",
+    "autoscale_buffer_hosts": "hosts added to the scale-out target",
+    "max_scale_in": "most fully idle hosts released per autoscaling round",
+    "count_waiting_gpus": "queued requests' GPUs count as committed in the target",
+    "migration_cost_s": "a replica migration's delay on the migrating cell's critical path",
+    "container_start_s": "fcfs-batch: starting a fresh container for a cell",
+    "state_load_s": "fcfs-batch: loading the kernel's state before a cell (GPUs held)",
+    "state_save_s": "fcfs-batch: saving the kernel's state after a cell (GPUs held)",
+    "session_lead_s": "a session's kernel starts this long before its first event",
+    "session_linger_s": "a session ends this long after its last event (idle reclamation)",
+    "idle_timeout_s": "a kernel idle this long between cells is reclaimed, and re-created "
+    "session_lead_s before its next cell (0: never; Sensei reclaims after 30 min)",
+    "ratio_window_s": "moving window of the demand/busy subscription ratio",
+}
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """The cluster model and session model; see `EXPLANATIONS` for each field."""
+
+    hosts: int = 3
+    gpus_per_host: int = 8
+    max_hosts: int = 0
+    scale_out_delay_s: float = 60.0
+    autoscale_interval_s: float = 30.0
+    autoscale_headroom: float = 1.05
+    autoscale_buffer_hosts: int = 1
+    max_scale_in: int = 2
+    count_waiting_gpus: bool = True
+    migration_cost_s: float = 10.0
+    container_start_s: float = 5.0
+    state_load_s: float = 10.0
+    state_save_s: float = 10.0
+    session_lead_s: float = 60.0
+    session_linger_s: float = 1800.0
+    idle_timeout_s: float = 1800.0
+    ratio_window_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not isinstance(value, bool) and value < 0:
+                raise InvalidRequest(f"simulation parameter {name} must be >= 0, not {value}")
+        if self.gpus_per_host < 1:
+            raise InvalidRequest("simulation parameter gpus_per_host must be >= 1")
+        if self.autoscale_interval_s <= 0:
+            raise InvalidRequest("simulation parameter autoscale_interval_s must be > 0")
+        if self.max_hosts and self.max_hosts < self.hosts:
+            raise InvalidRequest(f"max_hosts {self.max_hosts} is below hosts {self.hosts}")
+
+    @property
+    def assumptions(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def autoscaling(self) -> AutoscaleConfig:
+        """The policies' autoscaler parameters implied by this model."""
+        return AutoscaleConfig(
+            headroom=self.autoscale_headroom,
+            buffer_hosts=self.autoscale_buffer_hosts,
+            max_scale_in=self.max_scale_in,
+            min_hosts=self.hosts,
+            max_hosts=self.max_hosts,
+            count_waiting=self.count_waiting_gpus,
+        )

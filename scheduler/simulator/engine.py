@@ -1,0 +1,354 @@
+"""The discrete-event engine: replays a trace's sessions through one policy.
+
+The engine owns the clock and executes the policy's decisions on the simulated `Cluster`; the
+policy only sees frozen snapshots. Per session: its kernel is admitted ``session_lead_s`` before
+its first event; each event is a cell submitted when the trace says, shifted by the delays the
+session met so far (the trace's idle gap after the previous cell is kept); the session ends
+``session_linger_s`` after its last cell. Requests a policy queues wait in arrival order and are
+asked about again whenever capacity changes (no head-of-line blocking).
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kernelfleet.scheduler.decisions import (
+    Migrate,
+    Placement,
+    Reject,
+    RunOn,
+    ScaleIn,
+    ScaleOut,
+)
+from kernelfleet.scheduler.policies import migration_target
+from kernelfleet.scheduler.policy import (
+    ExecuteRequest,
+    GpuBinding,
+    PlacementRequest,
+    Policy,
+    StateSync,
+)
+from kernelfleet.scheduler.simulator.cluster import Cluster, LedgerError, SimKernel
+from kernelfleet.scheduler.simulator.config import SimulationConfig
+from kernelfleet.scheduler.simulator.metrics import Gauge, PolicyResult
+from kernelfleet.scheduler.simulator.sessions import SessionState, SimSession
+from kernelfleet.scheduler.snapshot import FleetSnapshot
+from kernelfleet.scheduler.trace import Trace
+
+log = logging.getLogger("kernelfleet.scheduler.simulator")
+
+Progress = Callable[[float], None]
+
+
+class Event(enum.IntEnum):
+    """Kinds of events; at equal times lower values go first (capacity before demand)."""
+
+    HOST_READY = 0
+    CELL_END = 1
+    KERNEL_RECLAIM = 2
+    SESSION_END = 3
+    SESSION_START = 4
+    CELL_SUBMIT = 5
+    TICK = 6
+
+
+@dataclass
+class _Waiting:
+    """A queued request: a kernel admission (cell = -1) or a cell submitted at `since`."""
+
+    session: SimSession
+    cell: int
+    since: float
+
+
+class Simulation:
+    """One policy over one trace. `run` once; it returns the `PolicyResult`."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        trace: Trace,
+        config: SimulationConfig,
+        progress: Progress | None = None,
+    ) -> None:
+        self.policy = policy
+        self.config = config
+        self.progress = progress
+        self.cluster = Cluster(config.gpus_per_host)
+        self.result = PolicyResult(policy.name, sessions=len(trace.sessions))
+        self.sessions = [SimSession(s, SimKernel(f"k{s.id}", s.gpus)) for s in trace.sessions]
+        self.now = min((s.start_min * 60 for s in trace.sessions), default=0.0)
+        self.now -= config.session_lead_s
+        self.provisioned = Gauge(self.now)
+        self.committed = Gauge(self.now)
+        self.busy = Gauge(self.now)
+        self._heap: list[tuple[float, int, int, int, int]] = []
+        self._seq = 0
+        self._waiting: list[_Waiting] = []
+        self._remaining = len(self.sessions)
+        window = max(1, round(config.ratio_window_s / config.autoscale_interval_s))
+        self._window: deque[tuple[float, float]] = deque(maxlen=window)
+        self._ratio_inputs = (0.0, 0.0)
+        self._quiet_version = -1
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def run(self) -> PolicyResult:
+        for _ in range(self.config.hosts):
+            self.cluster.add_host()
+        self._set_gauges()
+        for session in self.sessions:
+            session.next_submit = session.trace.start_min * 60
+            start = session.next_submit - self.config.session_lead_s
+            self._at(start, Event.SESSION_START, session.trace.id)
+        self._at(self.now, Event.TICK)
+        handled = 0
+        while self._heap and self._remaining > 0:
+            time, kind, _, a, b = heapq.heappop(self._heap)
+            self.now = time
+            self._handle(Event(kind), a, b)
+            self._set_gauges()
+            handled += 1
+            if self.progress is not None and handled % 20_000 == 0:
+                self.progress(1 - self._remaining / max(1, len(self.sessions)))
+        return self._finish()
+
+    def _handle(self, kind: Event, a: int, b: int) -> None:
+        if kind is Event.HOST_READY:
+            self.cluster.pending -= 1
+            self.cluster.add_host()
+            self._retry_waiting()
+        elif kind is Event.CELL_END:
+            self._cell_end(self.sessions[a], b)
+        elif kind is Event.KERNEL_RECLAIM:
+            self._release_kernel(self.sessions[a], SessionState.RECLAIMED)
+        elif kind is Event.SESSION_END:
+            self._release_kernel(self.sessions[a], SessionState.ENDED)
+        elif kind is Event.SESSION_START:
+            session = self.sessions[a]
+            session.move(SessionState.ADMITTING)
+            if not self._try_admit(session):
+                self._waiting.append(_Waiting(session, -1, self.now))
+        elif kind is Event.CELL_SUBMIT:
+            self._cell_submit(self.sessions[a], b)
+        else:
+            self._tick()
+
+    def _at(self, time: float, kind: Event, a: int = 0, b: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (time, kind.value, self._seq, a, b))
+
+    # ---- sessions ------------------------------------------------------------------------
+
+    def _try_admit(self, session: SimSession) -> bool:
+        """Ask the policy to place the session's kernel; True when no longer waiting."""
+        kernel = session.kernel
+        request = PlacementRequest(kernel.id, replicas=self.policy.replicas, gpus=kernel.gpus)
+        decision = self.policy.admit(self._snapshot(), request)
+        if isinstance(decision, Placement):
+            self.cluster.add_kernel(kernel, decision.host_ids)
+            if self.policy.binding is GpuBinding.PER_SESSION and decision.host_ids:
+                kernel.reserved_host = kernel.executor_host = decision.host_ids[0]
+                self.cluster.commit(kernel.reserved_host, kernel.gpus)
+            session.move(SessionState.ACTIVE)
+            submit = max(self.now, session.next_submit)
+            self._at(submit, Event.CELL_SUBMIT, session.trace.id, session.next_cell)
+            return True
+        if isinstance(decision, Reject):
+            log.debug("session %d rejected: %s", session.trace.id, decision.detail)
+            self.result.rejected_sessions += 1
+            self.result.rejected_events += len(session.trace.events) - session.next_cell
+            session.move(SessionState.ENDED)
+            self._remaining -= 1
+            return True
+        if isinstance(decision, ScaleOut):
+            self._provision(decision.hosts)
+        return False
+
+    def _release_kernel(self, session: SimSession, to: SessionState) -> None:
+        """The session's kernel goes away: idle reclamation (RECLAIMED) or the end (ENDED)."""
+        kernel = session.kernel
+        if kernel.reserved_host is not None:
+            self.cluster.release(kernel.reserved_host, kernel.gpus)
+            kernel.reserved_host = None
+        self.cluster.remove_kernel(kernel.id)
+        kernel.executor_host = None
+        session.move(to)
+        if to is SessionState.ENDED:
+            self._remaining -= 1
+        self._retry_waiting()
+
+    # ---- cells ---------------------------------------------------------------------------
+
+    def _cell_submit(self, session: SimSession, index: int) -> None:
+        """A cell arrives; it counts from its intended submit time even when the kernel's
+        admission made it late."""
+        since = min(self.now, session.next_submit)
+        if not self._try_cell(session, index, since):
+            self._waiting.append(_Waiting(session, index, since))
+
+    def _try_cell(self, session: SimSession, index: int, since: float) -> bool:
+        """Ask the policy where the cell runs; True when it started or was rejected."""
+        kernel = session.kernel
+        request = ExecuteRequest(kernel.snapshot(), kernel.gpus)
+        decision = self.policy.choose_executor(self._snapshot(), request)
+        if isinstance(decision, RunOn):
+            self._start_cell(session, index, since, decision.host_id, 0.0)
+            return True
+        if isinstance(decision, Migrate):
+            self.cluster.move_replica(kernel, decision.from_host, decision.to_host)
+            self.result.migrations += 1
+            self.result.migrations_for_cells += 1
+            cost = self.config.migration_cost_s
+            self._start_cell(session, index, since, decision.to_host, cost)
+            return True
+        if isinstance(decision, Reject):
+            log.debug("cell %d of session %d rejected", index, session.trace.id)
+            self.result.rejected_events += 1
+            self._next_cell(session, index, self.now)
+            return True
+        if isinstance(decision, ScaleOut):
+            self._provision(decision.hosts)
+        return False
+
+    def _start_cell(
+        self, session: SimSession, index: int, since: float, host_id: str, extra: float
+    ) -> None:
+        kernel = session.kernel
+        event = session.trace.events[index]
+        if self.policy.binding is GpuBinding.PER_CELL:
+            self.cluster.commit(host_id, kernel.gpus)
+        kernel.executor_host = host_id
+        after = 0.0
+        if self.policy.state_sync is StateSync.ON_CRITICAL_PATH:
+            extra += self.config.container_start_s + self.config.state_load_s
+            after = self.config.state_save_s
+        start = self.now + extra
+        self.result.delays_s.append(start - since)
+        self.result.events += 1
+        self.busy.set(self.now, self.busy.value + kernel.gpus)
+        end = start + event.duration_min * 60 + after
+        self._at(end, Event.CELL_END, session.trace.id, index)
+
+    def _cell_end(self, session: SimSession, index: int) -> None:
+        kernel = session.kernel
+        if self.policy.binding is GpuBinding.PER_CELL and kernel.executor_host is not None:
+            self.cluster.release(kernel.executor_host, kernel.gpus)
+        self.busy.set(self.now, self.busy.value - kernel.gpus)
+        self._next_cell(session, index, self.now)
+        self._retry_waiting()
+
+    def _next_cell(self, session: SimSession, index: int, ended: float) -> None:
+        """Schedule what follows cell `index`: the next cell after the trace's idle gap (with
+        the kernel reclaimed in between when the gap outlasts the idle timeout), or the end."""
+        events = session.trace.events
+        sid = session.trace.id
+        if index + 1 < len(events):
+            gap = max(0.0, (events[index + 1].submit_min - events[index].end_min) * 60)
+            session.next_cell, session.next_submit = index + 1, ended + gap
+            timeout, lead = self.config.idle_timeout_s, self.config.session_lead_s
+            if timeout > 0 and gap > timeout + lead:
+                self._at(ended + timeout, Event.KERNEL_RECLAIM, sid)
+                self._at(session.next_submit - lead, Event.SESSION_START, sid)
+            else:
+                self._at(session.next_submit, Event.CELL_SUBMIT, sid, index + 1)
+        else:
+            self._at(ended + self.config.session_linger_s, Event.SESSION_END, session.trace.id)
+
+    # ---- capacity ------------------------------------------------------------------------
+
+    def _retry_waiting(self) -> None:
+        """Ask again about every queued request, in arrival order."""
+        if not self._waiting:
+            return
+        still: list[_Waiting] = []
+        for item in self._waiting:
+            if item.cell < 0:
+                done = self._try_admit(item.session)
+            else:
+                done = self._try_cell(item.session, item.cell, item.since)
+            if not done:
+                still.append(item)
+        self._waiting = still
+
+    def _provision(self, hosts: int) -> None:
+        limit = self.config.max_hosts
+        for _ in range(hosts):
+            if limit and len(self.cluster.hosts) + self.cluster.pending >= limit:
+                return
+            self.cluster.pending += 1
+            self.result.scale_outs += 1
+            self._at(self.now + self.config.scale_out_delay_s, Event.HOST_READY)
+
+    def _tick(self) -> None:
+        subscribed = sum(host.subscribed for host in self.cluster.hosts.values())
+        self._window.append((float(subscribed), self.busy.value))
+        demand = sum(d for d, _ in self._window) / len(self._window)
+        busy = sum(b for _, b in self._window) / len(self._window)
+        self._ratio_inputs = (demand, busy)
+        if self.cluster.version != self._quiet_version or self._waiting:
+            decision = self.policy.autoscale(self._snapshot())
+            if isinstance(decision, ScaleOut):
+                self._provision(decision.hosts)
+            elif isinstance(decision, ScaleIn):
+                self._scale_in(decision.host_ids)
+            else:
+                self._quiet_version = self.cluster.version
+        self._at(self.now + self.config.autoscale_interval_s, Event.TICK)
+
+    def _scale_in(self, host_ids: tuple[str, ...]) -> None:
+        """Release each idle host after moving its replicas to the least loaded other host."""
+        for host_id in host_ids:
+            host = self.cluster.hosts.get(host_id)
+            if host is None or host.committed:
+                continue
+            for kernel_id in sorted(host.kernels):
+                kernel = self.cluster.kernels[kernel_id]
+                exclude = {*kernel.replica_hosts, *host_ids}
+                target = migration_target(self._snapshot(), 0, exclude)
+                if target is None:
+                    break
+                self.cluster.move_replica(kernel, host_id, target.id)
+                self.result.migrations += 1
+            if not host.kernels:
+                self.cluster.remove_host(host_id)
+                self.result.scale_ins += 1
+
+    # ---- measuring -----------------------------------------------------------------------
+
+    def _snapshot(self) -> FleetSnapshot:
+        waiting = sum(item.session.kernel.gpus for item in self._waiting)
+        demand, busy = self._ratio_inputs
+        return self.cluster.snapshot(self.now, demand, busy, waiting)
+
+    def _set_gauges(self) -> None:
+        alive = len(self.cluster.hosts)
+        self.result.peak_hosts = max(self.result.peak_hosts, alive)
+        self.provisioned.set(self.now, alive * self.config.gpus_per_host)
+        self.committed.set(self.now, self.cluster.committed)
+
+    def _finish(self) -> PolicyResult:
+        result = self.result
+        if self._remaining == 0 and (self.cluster.committed or self.cluster.kernels):
+            raise LedgerError(
+                f"{result.policy}: {self.cluster.committed} GPU(s) and "
+                f"{len(self.cluster.kernels)} kernel(s) left after every session ended"
+            )
+        for gauge in (self.provisioned, self.committed, self.busy):
+            gauge.close(self.now)
+        result.end_s = self.now
+        result.gpu_hours_provisioned = self.provisioned.area / 3600
+        result.gpu_hours_committed = self.committed.area / 3600
+        result.gpu_hours_busy = self.busy.area / 3600
+        result.provisioned_history = self.provisioned.history
+        result.busy_history = self.busy.history
+        if self._waiting:
+            log.warning(
+                "%s: %d request(s) still waiting at the end", result.policy, len(self._waiting)
+            )
+        return result

@@ -1,0 +1,78 @@
+"""What a simulation measures: time integrals of GPU counts, start delays, counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Gauge:
+    """A value that changes at instants; integrates value * time and keeps its history."""
+
+    def __init__(self, start: float = 0.0, value: float = 0.0) -> None:
+        self.value = value
+        self.area = 0.0
+        self._since = start
+        self.history: list[tuple[float, float]] = [(start, value)]
+
+    def set(self, now: float, value: float) -> None:
+        if value == self.value:
+            return
+        self.area += self.value * (now - self._since)
+        self._since = now
+        self.value = value
+        self.history.append((now, value))
+
+    def close(self, now: float) -> None:
+        """Account for the time up to `now` (call once, at the end)."""
+        self.area += self.value * (now - self._since)
+        self._since = now
+        self.history.append((now, self.value))
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (``q`` in 0..100) of an ascending list; 0 if empty."""
+    if not sorted_values:
+        return 0.0
+    rank = (len(sorted_values) - 1) * q / 100.0
+    low = int(rank)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (rank - low)
+
+
+@dataclass
+class PolicyResult:
+    """One policy's outcome. `as_json` gives exactly the documented JSON fields."""
+
+    policy: str
+    sessions: int = 0
+    events: int = 0
+    migrations: int = 0  # every replica move: for a cell, or off a host being released
+    migrations_for_cells: int = 0
+    scale_outs: int = 0
+    scale_ins: int = 0
+    rejected_events: int = 0
+    rejected_sessions: int = 0
+    end_s: float = 0.0
+    gpu_hours_provisioned: float = 0.0
+    gpu_hours_committed: float = 0.0
+    gpu_hours_busy: float = 0.0
+    peak_hosts: int = 0
+    delays_s: list[float] = field(default_factory=list)
+    provisioned_history: list[tuple[float, float]] = field(default_factory=list)
+    busy_history: list[tuple[float, float]] = field(default_factory=list)
+
+    def start_delay(self) -> dict[str, float]:
+        ordered = sorted(self.delays_s)
+        return {f"p{q}": round(percentile(ordered, q), 3) for q in (50, 95, 99)}
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "gpu_hours_provisioned": round(self.gpu_hours_provisioned, 3),
+            "gpu_hours_committed": round(self.gpu_hours_committed, 3),
+            "start_delay_s": self.start_delay(),
+            "migrations": self.migrations,
+            "scale_outs": self.scale_outs,
+            "scale_ins": self.scale_ins,
+            "events": self.events,
+        }

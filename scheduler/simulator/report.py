@@ -1,0 +1,96 @@
+"""Turning results into the printed table, the JSON document and the policy objects by name."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import Any
+
+from kernelfleet.errors import InvalidRequest
+from kernelfleet.scheduler.autoscale import AutoscaleConfig
+from kernelfleet.scheduler.policies import BUILTIN_POLICIES, AutoscalingPolicy
+from kernelfleet.scheduler.policy import ENTRY_POINT_GROUP, Policy
+from kernelfleet.scheduler.simulator.config import EXPLANATIONS, SimulationConfig
+from kernelfleet.scheduler.simulator.metrics import PolicyResult
+
+
+def resolve_policy(name: str, autoscaling: AutoscaleConfig) -> Policy:
+    """The policy registered as `name` (entry points first, then the built-ins), given the
+    simulation's autoscaler parameters when it takes them; `InvalidRequest` lists the names."""
+    classes: dict[str, Any] = dict(BUILTIN_POLICIES)
+    classes.update((ep.name, ep) for ep in entry_points(group=ENTRY_POINT_GROUP))
+    if name not in classes:
+        raise InvalidRequest(
+            f"unknown policy {name!r}; known policies: {', '.join(sorted(classes))}"
+        )
+    found = classes[name]
+    policy_class = found if isinstance(found, type) else found.load()
+    if issubclass(policy_class, AutoscalingPolicy):
+        return policy_class(autoscaling)
+    policy: Policy = policy_class()
+    return policy
+
+
+def as_document(config: SimulationConfig, results: dict[str, PolicyResult]) -> dict[str, Any]:
+    """Exactly ``{"assumptions": {...}, "policies": {NAME: {...}}}`` (`PolicyResult.as_json`)."""
+    return {
+        "assumptions": config.assumptions,
+        "policies": {name: result.as_json() for name, result in results.items()},
+    }
+
+
+def assumptions_text(config: SimulationConfig) -> str:
+    lines = ["Assumptions (change any with --SimulateApp.<name>=VALUE):"]
+    for name, value in config.assumptions.items():
+        lines.append(f"  {name:<24} {value!s:<8} {EXPLANATIONS[name]}")
+    return "\n".join(lines)
+
+
+COLUMNS = (
+    ("policy", "{}"),
+    ("GPU-h prov", "{:,.0f}"),
+    ("GPU-h commit", "{:,.0f}"),
+    ("GPU-h busy", "{:,.0f}"),
+    ("delay p50 s", "{:.1f}"),
+    ("p95 s", "{:.1f}"),
+    ("p99 s", "{:.1f}"),
+    ("migrations", "{:,}"),
+    ("(for cells)", "{:,}"),
+    ("scale-outs", "{:,}"),
+    ("scale-ins", "{:,}"),
+    ("peak hosts", "{:,}"),
+    ("sessions", "{:,}"),
+    ("events", "{:,}"),
+    ("rejected", "{:,}"),
+)
+
+
+def results_table(results: dict[str, PolicyResult]) -> str:
+    """A plain-text table, one row per policy."""
+    rows = [[title for title, _ in COLUMNS]]
+    for name, r in results.items():
+        delay = r.start_delay()
+        values = (
+            name,
+            r.gpu_hours_provisioned,
+            r.gpu_hours_committed,
+            r.gpu_hours_busy,
+            delay["p50"],
+            delay["p95"],
+            delay["p99"],
+            r.migrations,
+            r.migrations_for_cells,
+            r.scale_outs,
+            r.scale_ins,
+            r.peak_hosts,
+            r.sessions,
+            r.events,
+            r.rejected_events,
+        )
+        rows.append([fmt.format(v) for (_, fmt), v in zip(COLUMNS, values, strict=True)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = []
+    for row in rows:
+        cells = [row[0].ljust(widths[0])]
+        cells += [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells))
+    return "\n".join(lines)

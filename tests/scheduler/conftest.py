@@ -1,0 +1,18 @@
+"""Fixtures for the scheduler tests: the June trace, found next to the checkout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+JUNE_TRACE = REPO.parent / "shared" / "traces" / "sensei_june_60sec.csv"
+
+
+@pytest.fixture
+def june_trace() -> Path:
+    """The published June trace; a missing file fails the test (never skips), saying where."""
+    if not JUNE_TRACE.is_file():
+        pytest.fail(f"the June trace is missing: looked for {JUNE_TRACE}")
+    return JUNE_TRACE

@@ -1,0 +1,142 @@
+"""``kernelfleet simulate`` end to end on small files, and (slow) on the June trace."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelfleet.errors import InvalidRequest
+from kernelfleet.scheduler.simulator.app import SimulateApp
+from kernelfleet.scheduler.simulator.config import SimulationConfig
+from kernelfleet.scheduler.simulator.report import resolve_policy
+
+HEADER = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
+POLICY_FIELDS = {
+    "gpu_hours_provisioned",
+    "gpu_hours_committed",
+    "start_delay_s",
+    "migrations",
+    "scale_outs",
+    "scale_ins",
+    "events",
+}
+
+
+def run_app(*argv: str) -> None:
+    app = SimulateApp()
+    app.initialize(argv=list(argv))
+    app.start()
+
+
+@pytest.fixture
+def small_trace(tmp_path: Path) -> Path:
+    path = tmp_path / "small.csv"
+    path.write_text(
+        HEADER + "0,1,0,0,a,10,0\n1,1,20,0,a,5,0\n2,4,3,0,b,30,0\n3,8,10,0,c,60,0\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_simulate_writes_exactly_the_documented_json(
+    small_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out.json"
+    run_app(
+        "--trace",
+        str(small_trace),
+        "--policy",
+        "notebookos",
+        "--policy",
+        "reservation",
+        "--hosts",
+        "4",
+        "--gpus-per-host",
+        "8",
+        "--json",
+        str(out),
+    )
+    document = json.loads(out.read_text(encoding="utf-8"))
+    assert set(document) == {"assumptions", "policies"}
+    assert document["assumptions"]["hosts"] == 4
+    assert document["assumptions"]["session_linger_s"] == 1800.0
+    assert list(document["policies"]) == ["notebookos", "reservation"]
+    for result in document["policies"].values():
+        assert set(result) == POLICY_FIELDS
+        assert set(result["start_delay_s"]) == {"p50", "p95", "p99"}
+        assert result["events"] == 4
+    printed = capsys.readouterr().out
+    assert "4 events, 3 sessions" in printed
+    assert "session_linger_s" in printed
+    assert "notebookos" in printed
+
+
+def test_model_parameters_are_configurable(small_trace: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    run_app(
+        "--trace",
+        str(small_trace),
+        "--policy",
+        "fcfs-batch",
+        "--json",
+        str(out),
+        "--SimulateApp.state_load_s=100",
+        "--SimulateApp.container_start_s=0",
+    )
+    document = json.loads(out.read_text(encoding="utf-8"))
+    assert document["assumptions"]["state_load_s"] == 100.0
+    assert document["policies"]["fcfs-batch"]["start_delay_s"]["p50"] == 100.0
+
+
+def test_bad_input_exits_2_with_a_clear_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text(HEADER + "0,1,0,0,a,-3,0\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as exited:
+        run_app("--trace", str(bad))
+    assert exited.value.code == 2
+    assert "line 2: negative duration -3" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run_app("--trace", str(bad), "--policy", "nope")
+    assert "unknown policy 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run_app()
+    assert "--trace FILE" in capsys.readouterr().err
+
+
+def test_plot_needs_matplotlib_or_draws(small_trace: Path, tmp_path: Path, capsys) -> None:
+    png = tmp_path / "out.png"
+    if importlib.util.find_spec("matplotlib") is None:
+        with pytest.raises(SystemExit):
+            run_app("--trace", str(small_trace), "--plot", str(png))
+        assert "pip install matplotlib" in capsys.readouterr().err
+    else:
+        run_app("--trace", str(small_trace), "--plot", str(png))
+        assert png.stat().st_size > 0
+
+
+def test_resolve_policy_knows_the_builtins() -> None:
+    for name in ("notebookos", "reservation", "fcfs-batch"):
+        assert resolve_policy(name, SimulationConfig().autoscaling()).name == name
+    with pytest.raises(InvalidRequest, match="known policies: fcfs-batch, notebookos"):
+        resolve_policy("nope", SimulationConfig().autoscaling())
+
+
+@pytest.mark.slow
+def test_june_trace_three_policies_in_a_minute(june_trace: Path, tmp_path: Path) -> None:
+    out = tmp_path / "june.json"
+    started = time.monotonic()
+    run_app("--trace", str(june_trace), "--json", str(out), "--SimulateApp.progress=False")
+    assert time.monotonic() - started < 60
+    policies = json.loads(out.read_text(encoding="utf-8"))["policies"]
+    for result in policies.values():
+        assert result["events"] == 30_909
+    reservation, notebookos = policies["reservation"], policies["notebookos"]
+    assert notebookos["gpu_hours_provisioned"] < reservation["gpu_hours_provisioned"]
+    assert notebookos["gpu_hours_committed"] < reservation["gpu_hours_committed"]
+    assert reservation["start_delay_s"]["p50"] <= notebookos["start_delay_s"]["p50"]
