@@ -44,6 +44,13 @@ class AutoscalingPolicy(Policy):
     def autoscale(self, snapshot: FleetSnapshot) -> AutoscaleDecision:
         return autoscale(snapshot, self.autoscaling)
 
+    def place(self, snapshot: FleetSnapshot, request: PlacementRequest) -> Placement:
+        """`admit`, for callers that cannot wait: anything but a placement is `NoCapacity`."""
+        decision = self.admit(snapshot, request)
+        if isinstance(decision, Placement):
+            return decision
+        raise NoCapacity(f"kernel {request.kernel_id}: {_explain(decision)}")
+
 
 class NotebookOSPolicy(AutoscalingPolicy):
     """Replicated kernels on oversubscribed hosts, GPUs bound only while a cell runs.
@@ -57,12 +64,6 @@ class NotebookOSPolicy(AutoscalingPolicy):
     replicas = 3
     binding = GpuBinding.PER_CELL
     state_sync = StateSync.OFF_CRITICAL_PATH
-
-    def place(self, snapshot: FleetSnapshot, request: PlacementRequest) -> Placement:
-        decision = self.admit(snapshot, request)
-        if isinstance(decision, Placement):
-            return decision
-        raise NoCapacity(f"kernel {request.kernel_id}: {_explain(decision)}")
 
     def admit(self, snapshot: FleetSnapshot, request: PlacementRequest) -> AdmitDecision:
         alive = snapshot.alive_hosts()
@@ -128,12 +129,6 @@ class ReservationPolicy(AutoscalingPolicy):
     replicas = 1
     binding = GpuBinding.PER_SESSION
     state_sync = StateSync.OFF_CRITICAL_PATH
-
-    def place(self, snapshot: FleetSnapshot, request: PlacementRequest) -> Placement:
-        decision = self.admit(snapshot, request)
-        if isinstance(decision, Placement):
-            return decision
-        raise NoCapacity(f"kernel {request.kernel_id}: {_explain(decision)}")
 
     def admit(self, snapshot: FleetSnapshot, request: PlacementRequest) -> AdmitDecision:
         too_large = _too_large(snapshot, request.gpus)
