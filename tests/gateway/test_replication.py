@@ -81,6 +81,72 @@ async def test_restart_gives_a_fresh_group_and_shutdown_stops_every_replica(repl
     wait_for(lambda: not any(alive(r["pid"]) for r in after), 10, "every replica to exit")
 
 
+CELLS = [
+    "a = 1",
+    "b = [a, 2, 3]",
+    "import math\nc = {'pi': math.pi}",
+    "a += 10",
+    "def grow(v):\n    return v * 2",
+    "b.append(grow(a))",
+    "arr = np.arange(200_000)",
+    "del c",
+    "class Point:\n    def __init__(self, x):\n        self.x = x",
+    "p = Point(a)",
+    "arr = arr * 3",
+    "s = {'x', 'y', 'z'}",
+    "try:\n    1 / 0\nexcept ZeroDivisionError:\n    err = 'caught'",
+    "del b",
+    "b = tuple(range(5))",
+    "big = np.ones(300_000)",
+    "del big",
+]
+DIGEST = (
+    "print(__import__('kernelfleet.kernels.statesync', fromlist=['namespace_digest'])"
+    ".namespace_digest(get_ipython().user_ns, get_ipython().kernel.group.tracker))"
+)
+
+
+async def replica_digest(fleet, replica):
+    """Ask one replica directly (its own ZMQ channels, connection info from its host agent)."""
+    from jupyter_client.asynchronous import AsyncKernelClient
+
+    from kernelfleet.kernels.client import HostAgentClient
+
+    hosts = {host["id"]: host["address"] for host in fleet.api("GET", "/api/fleet/hosts")}
+    agent = HostAgentClient(hosts[replica["host"]], fleet.token)
+    info = (await agent.get_replica(replica["id"]))["connection"]
+    agent.close()
+    client = AsyncKernelClient()
+    client.load_connection_info(info)
+    client.start_channels()
+    try:
+        output = []
+        reply = await client.execute_interactive(
+            DIGEST, timeout=30, output_hook=lambda m: output.append(m["content"].get("text", ""))
+        )
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return "".join(output).strip()
+    finally:
+        client.stop_channels()
+
+
+async def test_replicas_hold_equal_namespaces_after_many_cells(replicated):
+    fleet = replicated
+    kernel_id = fleet.start_kernel()
+    client = await fleet.connect(kernel_id)
+    assert (await client.execute("import numpy as np")).reply["status"] == "ok"
+    first = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"][0]
+    before = await replica_digest(fleet, first)
+    for code in CELLS:
+        assert (await client.execute(code)).reply["status"] == "ok", code
+    client.close()
+    replicas = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+    digests = [await replica_digest(fleet, replica) for replica in replicas]
+    assert len(set(digests)) == 1, dict(zip([r["id"] for r in replicas], digests, strict=True))
+    assert digests[0] != before, "the cells changed the synced state"
+    fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
 async def test_losing_the_executor_mid_cell_then_between_cells_loses_no_state(replicated):
     fleet = replicated
     first = fleet.start_kernel()
