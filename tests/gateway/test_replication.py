@@ -106,6 +106,16 @@ DIGEST = (
 )
 
 
+async def eventually(check, timeout):
+    """Await `check()` until it is true (then True) or `timeout` seconds passed (then False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():
+            return True
+        await asyncio.sleep(0.2)
+    return False
+
+
 async def replica_digest(fleet, replica):
     """Ask one replica directly (its own ZMQ channels, connection info from its host agent)."""
     from jupyter_client.asynchronous import AsyncKernelClient
@@ -144,6 +154,80 @@ async def test_replicas_hold_equal_namespaces_after_many_cells(replicated):
     digests = [await replica_digest(fleet, replica) for replica in replicas]
     assert len(set(digests)) == 1, dict(zip([r["id"] for r in replicas], digests, strict=True))
     assert digests[0] != before, "the cells changed the synced state"
+    fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+async def test_a_follower_lost_mid_cell_is_replaced_and_nothing_is_lost(replicated):
+    import os
+
+    fleet = replicated
+    kernel_id = fleet.start_kernel()
+    client = await fleet.connect(kernel_id)
+    view = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")
+    assert (await client.execute("total = 0")).reply["status"] == "ok"
+    executor = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["executor"]
+    follower = next(r for r in view["replicas"] if r["id"] != executor)
+
+    code = "import time\nprint('busy', flush=True)\ntime.sleep(2)\ntotal += 5\nprint(total)"
+    msg_id = client.send("execute_request", {"code": code})
+    await client.wait_for_output(msg_id, "busy")
+    os.kill(follower["pid"], signal.SIGKILL)
+    result = await client.collect(msg_id, timeout=30)
+    assert result.reply["status"] == "ok", "the executor finishes; 2 of 3 is still a majority"
+    assert result.stdout == "busy\n5\n"
+
+    def replaced():
+        replicas = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+        ids = {r["id"] for r in replicas}
+        return follower["id"] not in ids and all(r["state"] == "ready" for r in replicas)
+
+    wait_for(replaced, 30, "the lost follower to be replaced")
+    assert (await client.execute("total += 1; print(total)")).stdout == "6\n"
+    replicas = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+    digests = {await replica_digest(fleet, replica) for replica in replicas}
+    assert len(digests) == 1, "the replacement holds the same state"
+    client.close()
+    fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+async def test_an_isolated_replica_refuses_cells_and_a_suspended_one_catches_up(replicated):
+    """Isolation is approximated by suspending processes (SIGSTOP), not by cutting links."""
+    import os
+
+    fleet = replicated
+    kernel_id = fleet.start_kernel()
+    client = await fleet.connect(kernel_id)
+    assert (await client.execute("n = 1")).reply["status"] == "ok"
+    view = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")
+    executor = next(r for r in view["replicas"] if r["id"] == view["executor"])
+    others = [r for r in view["replicas"] if r["id"] != view["executor"]]
+
+    # A minority replica falls behind and catches up.
+    os.kill(others[0]["pid"], signal.SIGSTOP)
+    try:
+        for _ in range(3):
+            assert (await client.execute("n += 1")).reply["status"] == "ok"
+    finally:
+        os.kill(others[0]["pid"], signal.SIGCONT)
+
+    async def caught_up():
+        return len({await replica_digest(fleet, r) for r in view["replicas"]}) == 1
+
+    assert await eventually(caught_up, 10), "the resumed replica did not catch up"
+
+    # The executor cut off from both others cannot run a cell.
+    for replica in others:
+        os.kill(replica["pid"], signal.SIGSTOP)
+    try:
+        result = await client.execute("n = 1000", timeout=30)
+        assert result.reply["status"] == "error"
+        assert result.reply["ename"] == "ReplicaIsolated"
+    finally:
+        for replica in others:
+            os.kill(replica["pid"], signal.SIGCONT)
+    assert (await client.execute("print(n)", timeout=30)).stdout == "4\n"
+    assert executor["id"] == fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["executor"]
+    client.close()
     fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 
