@@ -19,6 +19,7 @@ import zmq.asyncio
 from jupyter_client.session import Session
 
 from kernelfleet.errors import (
+    Conflict,
     FleetError,
     HostUnavailable,
     InvalidRequest,
@@ -485,25 +486,60 @@ class KernelService:
         for failure in (r for r in results if isinstance(r, BaseException)):
             log.warning("kernel %s: %s", kernel.id, failure)
 
-    async def _replace(self, kernel: KernelRecord, lost: ReplicaRecord) -> None:
-        """Launch a replica on a host the kernel does not use, swap it into the group in place
-        of `lost`, and let it catch up from the log (its state is ``catching-up`` until then)."""
-        used = {replica.host_id for replica in kernel.replicas}
-        snapshot = self.snapshot()
-        free = FleetSnapshot(tuple(h for h in snapshot.hosts if h.id not in used), snapshot.now)
-        host_id = self._policy.place(free, PlacementRequest(kernel.id, gpus=kernel.gpus)).host_ids[
-            0
-        ]
+    async def migrate(self, kernel_id: str, replica_id: str, host_id: str | None) -> KernelRecord:
+        """Move one replica of a replicated kernel to `host_id` (or where the policy places it).
+
+        A new replica joins the group in place of the old one (membership change), the kernel
+        is relinked if the old one ran it, and then the old one stops. `NotFound` for unknown
+        ids, `Conflict` for a dead replica or a host that is lost or already holds one.
+        """
+        kernel = self.get(kernel_id)
+        async with kernel.lifecycle:
+            old = next((r for r in kernel.replicas if r.id == replica_id), None)
+            if old is None:
+                raise NotFound(f"kernel {kernel_id} has no replica {replica_id!r}")
+            if not kernel.replicated or old.state != "ready":
+                raise Conflict(f"replica {replica_id} cannot move: it is {old.state}")
+            if host_id is not None:
+                self._check_migration_target(kernel, host_id)
+            await self._replace(kernel, old, host_id)
+            kernel.lost_replicas.append(old.id)
+            await self._forget(kernel, old)
+            if kernel.link is not None and kernel.link.replica_id == old.id:
+                await self._link(kernel, why=f"its replica {old.id} moved")
+            await self._stop_replicas_of(kernel, [old])
+        log.info("kernel %s: replica %s moved", kernel_id, replica_id)
+        return kernel
+
+    def _check_migration_target(self, kernel: KernelRecord, host_id: str) -> None:
+        host = self._hosts.get(host_id)
+        if not host.alive:
+            raise Conflict(f"host {host_id} is {host.state.value}")
+        if host_id in {replica.host_id for replica in kernel.replicas}:
+            raise Conflict(f"host {host_id} already holds a replica of kernel {kernel.id}")
+
+    async def _replace(
+        self, kernel: KernelRecord, old: ReplicaRecord, host_id: str | None = None
+    ) -> None:
+        """Launch a replica on `host_id` (default: where the policy places it among hosts the
+        kernel does not use), swap it into the group in place of `old`, and let it catch up
+        from the log (its state is ``catching-up`` until then)."""
+        if host_id is None:
+            used = {replica.host_id for replica in kernel.replicas}
+            snapshot = self.snapshot()
+            free = FleetSnapshot(tuple(h for h in snapshot.hosts if h.id not in used), snapshot.now)
+            request = PlacementRequest(kernel.id, gpus=kernel.gpus)
+            host_id = self._policy.place(free, request).host_ids[0]
         new = await self._launch_replica(kernel, host_id)
         new.state = "catching-up"
-        index = kernel.replicas.index(lost)
+        index = kernel.replicas.index(old)
         kernel.replicas[index] = new
-        live = [r for r in kernel.replicas if r.state != "dead" and r is not new]
+        live = [r for r in kernel.replicas if r.state not in ("dead", "catching-up")]
         try:
             through = Member(live[0].id, live[0].raft_address or "", live[0].connection)
             timeout = self._replication.join_timeout
             members = await change_members(
-                self._context, through, [lost.raft_address or ""], [new.raft_address or ""], timeout
+                self._context, through, [old.raft_address or ""], [new.raft_address or ""], timeout
             )
             existing = tuple(m for m in members if m != new.raft_address)
             member = Member(new.id, new.raft_address or "", new.connection)
@@ -512,11 +548,11 @@ class KernelService:
                 timeout, existing=existing, forget=tuple(kernel.lost_replicas),
             )  # fmt: skip
         except BaseException:
-            kernel.replicas[index] = lost
+            kernel.replicas[index] = old
             await self._stop_replicas_of(kernel, [new])
             raise
         new.state = "ready"
-        log.info("kernel %s: replica %s on %s replaced %s", kernel.id, new.id, host_id, lost.id)
+        log.info("kernel %s: replica %s on %s replaced %s", kernel.id, new.id, host_id, old.id)
 
     def _announce(self, kernel: KernelRecord, execution_state: str) -> None:
         """Publish a status message of the gateway's own to the kernel's clients."""

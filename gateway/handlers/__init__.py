@@ -6,6 +6,7 @@ from kernelfleet.gateway.handlers.fleet import (
     FleetHostsHandler,
     FleetKernelHandler,
     FleetKernelsHandler,
+    ReplicaMigrateHandler,
 )
 from kernelfleet.gateway.handlers.jupyter import (
     KernelActionHandler,
@@ -34,5 +35,9 @@ def routes() -> list[tuple[str, type]]:
         (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/?", FleetHostHandler),
         (r"/api/fleet/kernels/?", FleetKernelsHandler),
         (rf"/api/fleet/kernels/{_KERNEL_ID}/?", FleetKernelHandler),
+        (
+            rf"/api/fleet/kernels/{_KERNEL_ID}/replicas/(?P<replica_id>[\w.-]+)/migrate/?",
+            ReplicaMigrateHandler,
+        ),
         (r".*", NotFoundHandler),
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from kernelfleet.errors import InvalidRequest
 from kernelfleet.gateway.handlers.base import GatewayHandler
 
 
@@ -53,3 +54,14 @@ class FleetKernelsHandler(GatewayHandler):
 class FleetKernelHandler(GatewayHandler):
     def get(self, kernel_id: str) -> None:
         self.write_json(self.kernels.get(kernel_id).fleet_model())
+
+
+class ReplicaMigrateHandler(GatewayHandler):
+    """``POST .../replicas/{replica_id}/migrate`` with an optional ``{"host": id}``."""
+
+    async def post(self, kernel_id: str, replica_id: str) -> None:
+        host = self.json_body().get("host")
+        if host is not None and not isinstance(host, str):
+            raise InvalidRequest("'host' must be a host id")
+        kernel = await self.kernels.migrate(kernel_id, replica_id, host)
+        self.write_json(kernel.fleet_model())

@@ -231,6 +231,35 @@ async def test_an_isolated_replica_refuses_cells_and_a_suspended_one_catches_up(
     fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 
+async def test_a_replica_migrates_to_a_named_host_and_the_kernel_keeps_its_state(replicated):
+    fleet = replicated
+    kernel_id = fleet.start_kernel()
+    client = await fleet.connect(kernel_id)
+    assert (await client.execute("kept = [1, 2, 3]")).reply["status"] == "ok"
+    view = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")
+    used = {replica["host"] for replica in view["replicas"]}
+    hosts = fleet.api("GET", "/api/fleet/hosts")
+    free = next(h["id"] for h in hosts if h["state"] == "alive" and h["id"] not in used)
+    moving = view["executor"]
+    path = f"/api/fleet/kernels/{kernel_id}/replicas"
+
+    status, body = fleet.request("POST", f"{path}/{moving}/migrate", {"host": sorted(used)[0]})
+    assert (status, body["reason"]) == (409, "conflict")
+    status, body = fleet.request("POST", f"{path}/nope/migrate", {})
+    assert (status, body["reason"]) == (404, "not-found")
+
+    moved = fleet.api("POST", f"{path}/{moving}/migrate", {"host": free})
+    assert moving not in {replica["id"] for replica in moved["replicas"]}
+    assert free in {replica["host"] for replica in moved["replicas"]}
+    assert all(replica["state"] == "ready" for replica in moved["replicas"])
+    await asyncio.wait_for(read_until_closed(client.ws), 10)
+    client = await fleet.connect(kernel_id)
+    assert (await client.execute("print(kept)")).stdout == "[1, 2, 3]\n"
+    assert executor_host(fleet, kernel_id) == free, "the moved replica runs the kernel"
+    client.close()
+    fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
 async def test_losing_the_executor_mid_cell_then_between_cells_loses_no_state(replicated):
     fleet = replicated
     first = fleet.start_kernel()
