@@ -13,7 +13,7 @@ from typing import cast
 import tornado.httpserver
 import tornado.netutil
 import tornado.web
-from traitlets import Dict, Float, Int, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Application
 
 from kernelfleet import __version__
@@ -22,6 +22,7 @@ from kernelfleet.gateway.handlers import routes
 from kernelfleet.gateway.hosts import HostRegistry
 from kernelfleet.gateway.kernel_service import KernelService, ReplicationSettings
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
+from kernelfleet.gateway.store import KernelStore
 from kernelfleet.scheduler import load_policy
 from kernelfleet.web import new_token
 
@@ -90,6 +91,12 @@ class GatewayApp(Application):
         config=True,
         help="Folder every host reaches, for values too large for the Raft log. "
         "Default: <state_dir>/objects (fine on one machine; use a shared mount across hosts).",
+    )
+    stop_kernels_on_exit = Bool(
+        True,
+        config=True,
+        help="Shut every kernel down when the gateway stops. False leaves them running: the next "
+        "gateway started on the same state dir adopts them (so do crashes).",
     )
     heartbeat_timeout = Float(
         5.0, config=True, help="Seconds without a heartbeat after which a host is marked lost."
@@ -163,7 +170,13 @@ class GatewayApp(Application):
             store_root=self.object_store_root,
         )
         self.kernels = KernelService(
-            self.hosts, policy, kernelspecs, self.launch_timeout, set(self.allowed_env), replication
+            self.hosts,
+            policy,
+            kernelspecs,
+            self.launch_timeout,
+            set(self.allowed_env),
+            replication,
+            KernelStore(self.state_dir),
         )
         self.kernelspecs = kernelspecs
 
@@ -189,11 +202,16 @@ class GatewayApp(Application):
             loop.add_signal_handler(signum, stop.set)
         log.info("gateway listening on http://%s:%d (policy %s)", self.ip, self.port, self.policy)
         watcher = asyncio.create_task(self._watch_hosts(stop))
+        recovery = asyncio.create_task(self.kernels.recover(grace=self.heartbeat_timeout))
         await stop.wait()
         log.info("gateway stopping")
         server.stop()
         watcher.cancel()
-        await self.kernels.shutdown_all()
+        recovery.cancel()
+        if self.stop_kernels_on_exit:
+            await self.kernels.shutdown_all()
+        else:
+            self.kernels.close()
         self.hosts.close()
 
     async def _watch_hosts(self, stop: asyncio.Event) -> None:

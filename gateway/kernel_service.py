@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +38,7 @@ from kernelfleet.gateway.replication import (
     join_group,
     new_group_password,
 )
+from kernelfleet.gateway.store import KernelStore
 from kernelfleet.scheduler import FleetSnapshot, HostSnapshot, Placement, PlacementRequest, Policy
 
 log = logging.getLogger("kernelfleet.gateway.kernels")
@@ -65,6 +66,20 @@ class ReplicaRecord:
 
     def fleet_model(self) -> dict[str, Any]:
         return {"id": self.id, "host": self.host_id, "pid": self.pid, "state": self.state}
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "host_id": self.host_id,
+            "connection": asdict(self.connection),
+            "pid": self.pid,
+            "state": self.state,
+            "raft_address": self.raft_address,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> ReplicaRecord:
+        return cls(**{**state, "connection": ConnectionInfo.from_dict(state["connection"])})
 
 
 @dataclass
@@ -106,6 +121,26 @@ class KernelRecord:
             "replicas": [replica.fleet_model() for replica in self.replicas],
             "executor": self.executor,
         }
+
+    def to_state(self) -> dict[str, Any]:
+        """What a restarted gateway needs to find and relink this kernel."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "env": self.env,
+            "launch_name": self.launch_name,
+            "replicas_wanted": self.replicas_wanted,
+            "gpus": self.gpus,
+            "raft_password": self.raft_password,
+            "lost_replicas": self.lost_replicas,
+            "executor": self.executor,
+            "replicas": [replica.to_state() for replica in self.replicas],
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> KernelRecord:
+        replicas = [ReplicaRecord.from_state(r) for r in state.get("replicas", [])]
+        return cls(**{**state, "replicas": replicas})
 
     @property
     def replicated(self) -> bool:
@@ -155,6 +190,7 @@ class KernelService:
         launch_timeout: float,
         allowed_env: set[str],
         replication: ReplicationSettings | None = None,
+        store: KernelStore | None = None,
     ) -> None:
         self._hosts = hosts
         self._policy = policy
@@ -162,6 +198,7 @@ class KernelService:
         self._launch_timeout = launch_timeout
         self._allowed_env = allowed_env
         self._replication = replication or ReplicationSettings()
+        self._store = store
         self._kernels: dict[str, KernelRecord] = {}
         self._context = zmq.asyncio.Context()
         self._repairs: set[asyncio.Future[None]] = set()
@@ -224,6 +261,7 @@ class KernelService:
         except BaseException:
             self._kernels.pop(kernel.id, None)
             raise
+        self.persist()
         log.info("kernel %s (%s) started on %s", kernel.id, name, ", ".join(placement.host_ids))
         return kernel
 
@@ -302,6 +340,7 @@ class KernelService:
             kernel.execution_state = "idle"
             kernel.executor = None
             self._announce(kernel, "idle")
+            self.persist()
             return kernel
 
     async def shutdown(self, kernel_id: str) -> None:
@@ -312,12 +351,21 @@ class KernelService:
             if kernel.link is not None:
                 kernel.link.close("the kernel was shut down")
             await self._stop_replicas(kernel)
+        self.persist()
         log.info("kernel %s shut down", kernel_id)
 
     async def shutdown_all(self) -> None:
         await asyncio.gather(
             *(self.shutdown(k) for k in list(self._kernels)), return_exceptions=True
         )
+        self._context.term()
+
+    def close(self) -> None:
+        """Let go of every kernel without stopping it; the store keeps them for the next gateway."""
+        self.persist()
+        for kernel in self._kernels.values():
+            if kernel.link is not None:
+                kernel.link.close("the gateway stopped")
         self._context.term()
 
     def attach(
@@ -328,6 +376,45 @@ class KernelService:
         if kernel.link is None:
             raise KernelDead(f"kernel {kernel_id} has no running replica")
         return kernel.link.attach(session_id, deliver, on_closed)
+
+    # ---- durability ------------------------------------------------------------------------
+
+    def persist(self) -> None:
+        """Write every kernel to the store (after each change; cheap: small JSON)."""
+        if self._store is not None:
+            self._store.save([kernel.to_state() for kernel in self._kernels.values()])
+
+    async def recover(self, grace: float) -> None:
+        """Adopt the kernels a previous gateway left running.
+
+        Waits up to `grace` seconds for their hosts to re-register (agents heartbeat on their
+        own), then links each kernel to a live replica; one with none left is reported dead.
+        """
+        if self._store is None:
+            return
+        kernels = [KernelRecord.from_state(state) for state in self._store.load()]
+        if not kernels:
+            return
+        wanted = {replica.host_id for kernel in kernels for replica in kernel.replicas}
+        deadline = asyncio.get_running_loop().time() + grace
+        while asyncio.get_running_loop().time() < deadline:
+            if wanted <= {host.id for host in self._hosts.all() if host.alive}:
+                break
+            await asyncio.sleep(0.1)
+        alive = {host.id for host in self._hosts.all() if host.alive}
+        for kernel in kernels:
+            for replica in kernel.replicas:
+                if replica.host_id not in alive:
+                    replica.state = "dead"
+            self._kernels[kernel.id] = kernel
+            try:
+                await self._link(kernel)
+            except FleetError as e:
+                log.error("kernel %s could not be adopted: %s", kernel.id, e)
+                kernel.execution_state = "dead"
+            else:
+                log.info("kernel %s adopted from the previous gateway", kernel.id)
+        self.persist()
 
     # ---- what the hosts tell us ------------------------------------------------------------
 
@@ -445,6 +532,7 @@ class KernelService:
         log.error(
             "kernel %s: replica %s on %s died: %s", kernel.id, replica.id, replica.host_id, why
         )
+        self.persist()
         if kernel.dead:
             kernel.execution_state = "dead"
             self._announce(kernel, "dead")
@@ -468,6 +556,8 @@ class KernelService:
             except FleetError as e:
                 live = sum(replica.state != "dead" for replica in kernel.replicas)
                 log.error("kernel %s: runs on %d replica(s); repair failed: %s", kernel.id, live, e)
+            finally:
+                self.persist()
 
     async def _forget(self, kernel: KernelRecord, lost: ReplicaRecord) -> None:
         """Tell the live replicas not to wait for a delta `lost` may have owed."""
@@ -508,6 +598,7 @@ class KernelService:
             if kernel.link is not None and kernel.link.replica_id == old.id:
                 await self._link(kernel, why=f"its replica {old.id} moved")
             await self._stop_replicas_of(kernel, [old])
+            self.persist()
         log.info("kernel %s: replica %s moved", kernel_id, replica_id)
         return kernel
 

@@ -54,6 +54,7 @@ class Fleet:
     gateway: subprocess.Popen | None = None
     hosts: dict[str, subprocess.Popen] = field(default_factory=dict)
     url: str = ""
+    gateway_args: tuple[str, ...] = ()
 
     def spawn(self, label: str, *args: str) -> subprocess.Popen:
         log = (self.state_dir / f"{label}.log").open(
@@ -73,12 +74,12 @@ class Fleet:
             start_new_session=True,
         )
 
-    def start_gateway(self, *args: str) -> None:
+    def start_gateway(self, *args: str, port: int = 0) -> None:
         self.gateway = self.spawn(
             "gateway",
             "gateway",
             "--port",
-            "0",
+            str(port),
             "--state-dir",
             str(self.state_dir / "gateway"),
             *args,
@@ -159,6 +160,14 @@ class Fleet:
 
     # ---- processes -------------------------------------------------------------------------
 
+    def restart_gateway(self, signum: int = signal.SIGKILL, *args: str) -> None:
+        """Stop the gateway with `signum`, then start a new one on the same port and state."""
+        assert self.gateway is not None
+        os.killpg(self.gateway.pid, signum)
+        self.gateway.wait(20)
+        port = int(self.url.rsplit(":", 1)[1])
+        self.start_gateway(*self.gateway_args, *args, port=port)
+
     def signal_host(self, host_id: str, signum: int = signal.SIGKILL) -> None:
         os.killpg(self.hosts[host_id].pid, signum)
         self.hosts[host_id].wait(10)
@@ -189,7 +198,8 @@ def start_fleet(
     state_dir.mkdir(parents=True, exist_ok=True)
     fleet = Fleet(state_dir=state_dir, token=token, env=env or {})
     try:
-        fleet.start_gateway("--replicas", str(replicas))
+        fleet.gateway_args = ("--replicas", str(replicas))
+        fleet.start_gateway(*fleet.gateway_args)
         for i in range(1, hosts + 1):
             fleet.start_host(f"host-{i}", gpus)
     except BaseException:

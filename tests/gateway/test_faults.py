@@ -164,3 +164,23 @@ def test_kernels_of_a_restarted_host_agent_are_reported_dead(fleet_factory):
     )
     assert fleet.host_state("host-1") == "alive"
     assert fleet.api("POST", f"/api/kernels/{kernel_id}/restart")["execution_state"] == "idle"
+
+
+async def test_a_restarted_gateway_adopts_the_kernels_it_left_running(fleet_factory):
+    fleet = fleet_factory(hosts=2, gpus=0)
+    kernel_id = fleet.start_kernel()
+    client = await fleet.connect(kernel_id)
+    assert (await client.execute("survivor = 'still here'")).reply["status"] == "ok"
+    client.close()
+
+    fleet.restart_gateway(signal.SIGKILL)
+
+    wait_for(
+        lambda: [k["id"] for k in fleet.api("GET", "/api/kernels")] == [kernel_id],
+        20,
+        "the new gateway to adopt the kernel",
+    )
+    client = await fleet.connect(kernel_id)
+    assert (await client.execute("print(survivor)")).stdout == "still here\n"
+    client.close()
+    assert "adopted from the previous gateway" in fleet.log()
