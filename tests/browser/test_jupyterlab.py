@@ -44,6 +44,7 @@ CHROMIUM_ARGS = [
 ]  # fmt: skip
 OUTPUT_DIR = Path(__file__).resolve().parents[2] / "test-output" / "browser"
 SCREENSHOT = OUTPUT_DIR / "jupyterlab-notebook.png"
+CONSOLE_LOG = SCREENSHOT.parent / "jupyterlab-console.log"
 CODE = "print(sum(range(10**6)), 'from kernelfleet')"
 EXPECTED = "499999500000 from kernelfleet"
 
@@ -124,9 +125,8 @@ def lab(fleet: Fleet, tmp_path: Path) -> Iterator[Lab]:
             [
                 sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root",
                 "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
-                f"--ServerApp.token={token}", f"--ServerApp.root_dir={root_dir}",
+                f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}",
                 f"--gateway-url={fleet.url}", f"--GatewayClient.auth_token={fleet.token}",
-                "--GatewayClient.request_timeout=90",
             ],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
             start_new_session=True,
@@ -156,7 +156,7 @@ def test_jupyterlab_notebook_runs_on_the_fleet(fleet: Fleet, lab: Lab) -> None:
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     SCREENSHOT.unlink(missing_ok=True)
     before = fleet_kernel_ids(fleet)
-    kernel_id: str | None = None
+    console: list[str] = []
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(
@@ -164,6 +164,8 @@ def test_jupyterlab_notebook_runs_on_the_fleet(fleet: Fleet, lab: Lab) -> None:
             )
             try:
                 page = browser.new_page(viewport={"width": 1280, "height": 800})
+                page.on("console", lambda m: console.append(f"[{m.type}] {m.text}"))
+                page.on("pageerror", lambda e: console.append(f"[pageerror] {e}"))
                 # Any modal dialog (kernel selection, "build recommended", ...) takes its default.
                 page.add_locator_handler(
                     page.locator(".jp-Dialog"),
@@ -178,8 +180,8 @@ def test_jupyterlab_notebook_runs_on_the_fleet(fleet: Fleet, lab: Lab) -> None:
                     editor = notebook.locator(".jp-Cell .jp-InputArea-editor .cm-content").first
                     # As a user waits for "Idle": JupyterLab drops a cell run before its session
                     # has a kernel (it clears the cell instead of queueing it).
-                    status = page.locator(".jp-StatusBar-TextItem", has_text="| Idle")
-                    expect(status.first).to_be_visible(timeout=90_000)
+                    idle = page.locator(".jp-StatusBar-TextItem", has_text="| Idle")
+                    expect(idle.first).to_be_visible(timeout=90_000)
                     editor.click(timeout=60_000)
                     # insert_text: no per-key events, so the editor does not auto-close brackets.
                     page.keyboard.insert_text(CODE)
@@ -191,6 +193,7 @@ def test_jupyterlab_notebook_runs_on_the_fleet(fleet: Fleet, lab: Lab) -> None:
                     expect(notebook.locator(".jp-InputPrompt").first).to_contain_text("[1]:")
                 finally:
                     page.screenshot(path=str(SCREENSHOT), full_page=True)
+                    CONSOLE_LOG.write_text("\n".join(console) + "\n")
             finally:
                 browser.close()
 
