@@ -306,7 +306,7 @@ class KernelService:
 
     async def interrupt(self, kernel_id: str) -> None:
         kernel = self.get(kernel_id)
-        replica = self._live_replica(kernel)
+        replica = self._running_replica(kernel)
         await self._hosts.get(replica.host_id).client.interrupt_replica(replica.id)
 
     async def restart(self, kernel_id: str) -> KernelRecord:
@@ -521,6 +521,14 @@ class KernelService:
                 log.warning("kernel %s sent a status message without execution_state", kernel.id)
         elif message.msg_type == "execute_input" and kernel.link is not None:
             kernel.executor = kernel.link.replica_id
+
+    def _running_replica(self, kernel: KernelRecord) -> ReplicaRecord:
+        """The replica the kernel is linked to: the one running its cells."""
+        if kernel.link is not None:
+            for replica in kernel.replicas:
+                if replica.id == kernel.link.replica_id and replica.state != "dead":
+                    return replica
+        return self._live_replica(kernel)
 
     def _live_replica(self, kernel: KernelRecord) -> ReplicaRecord:
         for replica in kernel.replicas:

@@ -301,6 +301,14 @@ async def test_losing_the_executor_mid_cell_then_between_cells_loses_no_state(re
     view_hosts = {replica["host"] for replica in view["replicas"]}
     new = wait_for(replacement, 30, "a replacement replica to catch up")
     print(f"replacement caught up {time.monotonic() - started:.1f} s after the loss")
+
+    # Interrupt reaches the replica running the cell, not merely the first live one.
+    msg_id = client.send(
+        "execute_request", {"code": "import time\nprint('sleeping', flush=True)\ntime.sleep(60)"}
+    )
+    await client.wait_for_output(msg_id, "sleeping")
+    fleet.api("POST", f"/api/kernels/{first}/interrupt", expect=204)
+    assert (await client.collect(msg_id, timeout=20)).reply["ename"] == "KeyboardInterrupt"
     assert len(fleet.api("GET", f"/api/fleet/kernels/{first}")["replicas"]) == 3
 
     # Between cells: the executor is lost again; the next cell runs on the replacement.
