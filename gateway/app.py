@@ -20,8 +20,9 @@ from kernelfleet import __version__
 from kernelfleet.errors import FleetError
 from kernelfleet.gateway.handlers import routes
 from kernelfleet.gateway.hosts import HostRegistry
-from kernelfleet.gateway.kernel_service import KernelService, ReplicationSettings
+from kernelfleet.gateway.kernel_service import KernelService
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
+from kernelfleet.gateway.records import ReplicationSettings
 from kernelfleet.gateway.store import KernelStore
 from kernelfleet.scheduler import load_policy
 from kernelfleet.web import new_token

@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import uuid
-from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,6 +30,12 @@ from kernelfleet.gateway.channels import ClientLink, ConnectionInfo, Deliver, Ke
 from kernelfleet.gateway.framing import KernelMessage, kernel_message_from_dict
 from kernelfleet.gateway.hosts import HostRecord, HostRegistry
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
+from kernelfleet.gateway.records import (
+    KernelRecord,
+    ReplicaRecord,
+    ReplicationSettings,
+    gpu_need,
+)
 from kernelfleet.gateway.replication import (
     Member,
     ask,
@@ -42,141 +47,6 @@ from kernelfleet.gateway.store import KernelStore
 from kernelfleet.scheduler import FleetSnapshot, HostSnapshot, Placement, PlacementRequest, Policy
 
 log = logging.getLogger("kernelfleet.gateway.kernels")
-
-MODEL_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # jupyter_server needs the microseconds and the Z
-
-
-@dataclass
-class ReplicaRecord:
-    """One process of a kernel, on one host."""
-
-    id: str
-    host_id: str
-    connection: ConnectionInfo
-    pid: int | None = None
-    state: str = "starting"
-    raft_address: str | None = None
-
-    def update(self, model: dict[str, Any]) -> None:
-        """Take what the host reports; a replica still catching up stays so until it is dead."""
-        self.pid = model.get("pid", self.pid)
-        state = model.get("state", self.state)
-        if self.state != "catching-up" or state == "dead":
-            self.state = state
-
-    def fleet_model(self) -> dict[str, Any]:
-        return {"id": self.id, "host": self.host_id, "pid": self.pid, "state": self.state}
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "host_id": self.host_id,
-            "connection": asdict(self.connection),
-            "pid": self.pid,
-            "state": self.state,
-            "raft_address": self.raft_address,
-        }
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> ReplicaRecord:
-        return cls(**{**state, "connection": ConnectionInfo.from_dict(state["connection"])})
-
-
-@dataclass
-class KernelRecord:
-    """A kernel: its replicas, its link, and what Jupyter clients see of it."""
-
-    id: str
-    name: str
-    env: dict[str, str]
-    launch_name: str = ""
-    """The kernelspec the hosts launch: `name`, or its replicated twin."""
-    replicas_wanted: int = 1
-    raft_password: str = ""
-    lost_replicas: list[str] = field(default_factory=list)
-    """Replicas lost from the current group: a newcomer must not wait for what they owed."""
-    gpus: int = 0
-    replicas: list[ReplicaRecord] = field(default_factory=list)
-    link: KernelLink | None = None
-    lifecycle: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Held by restart and shutdown, so they never interleave on one kernel."""
-    executor: str | None = None
-    execution_state: str = "starting"
-    last_activity: datetime = field(default_factory=lambda: datetime.now(UTC))
-
-    def model(self) -> dict[str, Any]:
-        """The Jupyter kernel model (REFERENCE.md §1)."""
-        return {
-            "id": self.id,
-            "name": self.name,
-            "last_activity": self.last_activity.strftime(MODEL_TIME_FORMAT),
-            "execution_state": self.execution_state,
-            "connections": self.link.client_count if self.link else 0,
-        }
-
-    def fleet_model(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "replicas": [replica.fleet_model() for replica in self.replicas],
-            "executor": self.executor,
-        }
-
-    def to_state(self) -> dict[str, Any]:
-        """What a restarted gateway needs to find and relink this kernel."""
-        return {
-            "id": self.id,
-            "name": self.name,
-            "env": self.env,
-            "launch_name": self.launch_name,
-            "replicas_wanted": self.replicas_wanted,
-            "gpus": self.gpus,
-            "raft_password": self.raft_password,
-            "lost_replicas": self.lost_replicas,
-            "executor": self.executor,
-            "replicas": [replica.to_state() for replica in self.replicas],
-        }
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> KernelRecord:
-        replicas = [ReplicaRecord.from_state(r) for r in state.get("replicas", [])]
-        return cls(**{**state, "replicas": replicas})
-
-    @property
-    def replicated(self) -> bool:
-        return self.replicas_wanted > 1
-
-    @property
-    def dead(self) -> bool:
-        return bool(self.replicas) and all(replica.state == "dead" for replica in self.replicas)
-
-
-def gpu_need(env: dict[str, str]) -> int:
-    """The kernel's default GPU count, from ``KERNEL_GPUS`` (a non-negative integer; default 0)."""
-    raw = env.get("KERNEL_GPUS", "0").strip() or "0"
-    if not raw.isdigit():
-        raise InvalidRequest(f"KERNEL_GPUS must be a non-negative integer, not {raw!r}")
-    return int(raw)
-
-
-@dataclass(frozen=True)
-class ReplicationSettings:
-    """How many replicas a kernel gets, and where their shared objects live.
-
-    A kernelspec listed in `launch_names` runs as `replicas` replicas of its replicated twin
-    (the hosts' kernelspec of that name); any other kernelspec runs as one plain replica.
-    """
-
-    replicas: int = 1
-    launch_names: dict[str, str] = field(default_factory=dict)
-    store_root: str = ""
-    join_timeout: float = 20.0
-
-    def plan(self, name: str) -> tuple[str, int]:
-        """(the kernelspec hosts launch, the number of replicas) for kernelspec `name`."""
-        if self.replicas > 1 and name in self.launch_names:
-            return self.launch_names[name], self.replicas
-        return name, 1
 
 
 class KernelService:
@@ -552,7 +422,7 @@ class KernelService:
     async def _repair(self, kernel: KernelRecord, lost: ReplicaRecord) -> None:
         """Fail over if `lost` ran the kernel, then replace it so the group has its size back."""
         async with kernel.lifecycle:
-            if self._kernels.get(kernel.id) is not kernel or lost not in kernel.replicas:
+            if not self._is_current(kernel) or lost not in kernel.replicas:
                 return  # shut down or restarted meanwhile
             kernel.lost_replicas.append(lost.id)
             try:
@@ -566,6 +436,10 @@ class KernelService:
                 log.error("kernel %s: runs on %d replica(s); repair failed: %s", kernel.id, live, e)
             finally:
                 self.persist()
+
+    def _is_current(self, kernel: KernelRecord) -> bool:
+        """Whether `kernel` is still this service's record (not shut down meanwhile)."""
+        return self._kernels.get(kernel.id) is kernel
 
     async def _forget(self, kernel: KernelRecord, lost: ReplicaRecord) -> None:
         """Tell the live replicas not to wait for a delta `lost` may have owed."""
@@ -587,8 +461,9 @@ class KernelService:
     async def migrate(self, kernel_id: str, replica_id: str, host_id: str | None) -> KernelRecord:
         """Move one replica of a replicated kernel to `host_id` (or where the policy places it).
 
-        A new replica joins the group in place of the old one (membership change), the kernel
-        is relinked if the old one ran it, and then the old one stops. `NotFound` for unknown
+        A new replica joins the group and catches up, the kernel is relinked if the old one ran
+        it, the old one stops, and then leaves the group (it may have led it: a leader cannot be
+        removed while it leads). `NotFound` for unknown
         ids, `Conflict` for a dead replica or a host that is lost or already holds one.
         """
         kernel = self.get(kernel_id)
@@ -600,12 +475,13 @@ class KernelService:
                 raise Conflict(f"replica {replica_id} cannot move: it is {old.state}")
             if host_id is not None:
                 self._check_migration_target(kernel, host_id)
-            await self._replace(kernel, old, host_id)
+            await self._replace(kernel, old, host_id, old_alive=True)
             kernel.lost_replicas.append(old.id)
             await self._forget(kernel, old)
             if kernel.link is not None and kernel.link.replica_id == old.id:
                 await self._link(kernel, why=f"its replica {old.id} moved")
             await self._stop_replicas_of(kernel, [old])
+            await self._remove_member(kernel, old)
             self.persist()
         log.info("kernel %s: replica %s moved", kernel_id, replica_id)
         return kernel
@@ -618,11 +494,19 @@ class KernelService:
             raise Conflict(f"host {host_id} already holds a replica of kernel {kernel.id}")
 
     async def _replace(
-        self, kernel: KernelRecord, old: ReplicaRecord, host_id: str | None = None
+        self,
+        kernel: KernelRecord,
+        old: ReplicaRecord,
+        host_id: str | None = None,
+        old_alive: bool = False,
     ) -> None:
         """Launch a replica on `host_id` (default: where the policy places it among hosts the
         kernel does not use), swap it into the group in place of `old`, and let it catch up
-        from the log (its state is ``catching-up`` until then)."""
+        from the log (its state is ``catching-up`` until then).
+
+        A dead `old` leaves the group first. A live one may be the Raft leader, which cannot
+        be removed while it leads: it stays a member, for the caller to stop and then remove
+        (`_remove_member`)."""
         if host_id is None:
             used = {replica.host_id for replica in kernel.replicas}
             snapshot = self.snapshot()
@@ -637,8 +521,9 @@ class KernelService:
         try:
             through = Member(live[0].id, live[0].raft_address or "", live[0].connection)
             timeout = self._replication.join_timeout
+            remove = [] if old_alive else [old.raft_address or ""]
             members = await change_members(
-                self._context, through, [old.raft_address or ""], [new.raft_address or ""], timeout
+                self._context, through, remove, [new.raft_address or ""], timeout
             )
             existing = tuple(m for m in members if m != new.raft_address)
             member = Member(new.id, new.raft_address or "", new.connection)
@@ -652,6 +537,14 @@ class KernelService:
             raise
         new.state = "ready"
         log.info("kernel %s: replica %s on %s replaced %s", kernel.id, new.id, host_id, old.id)
+
+    async def _remove_member(self, kernel: KernelRecord, gone: ReplicaRecord) -> None:
+        """Take a stopped replica's address out of the group, through a live member."""
+        live = next(r for r in kernel.replicas if r.state == "ready")
+        through = Member(live.id, live.raft_address or "", live.connection)
+        await change_members(
+            self._context, through, [gone.raft_address or ""], [], self._replication.join_timeout
+        )
 
     def _announce(self, kernel: KernelRecord, execution_state: str) -> None:
         """Publish a status message of the gateway's own to the kernel's clients."""

@@ -45,7 +45,7 @@ from ipykernel.ipkernel import IPythonKernel
 from ipykernel.kernelapp import IPKernelApp
 
 from kernelfleet import __version__
-from kernelfleet.raft import KernelLog, Proposal, Role, StateDelta
+from kernelfleet.raft import KernelLog, NotCommitted, Proposal, Role, StateDelta
 
 from .objectstore import LocalDirectoryStore, ObjectStore
 from .statesync import NamespaceTracker, apply, encode
@@ -53,6 +53,7 @@ from .statesync_delta import ApplyFailed, EncodedDelta
 
 PUBLISH_DEADLINE = 30.0  # seconds to get a cell's delta committed (leader changes included)
 LEAD_DEADLINE = 5.0  # seconds to commit the LEAD proposal before refusing the cell
+MEMBERSHIP_DEADLINE = 10.0  # seconds to get a membership change through pysyncobj's refusals
 OWED_DELTA_WAIT = 15.0  # seconds to wait for another replica's owed delta before going on
 
 
@@ -137,10 +138,22 @@ class ReplicatedKernel(IPythonKernel):
 
     @staticmethod
     async def _change_members(group: _Group, remove: list[str], add: list[str]) -> tuple[str, ...]:
-        for address in remove:
-            await group.raft.remove_member(address)
-        for address in add:
-            await group.raft.add_member(address)
+        """Removals, then additions, each retried until `MEMBERSHIP_DEADLINE`.
+
+        pysyncobj refuses a change (REQUEST_DENIED) while another is in flight or right after
+        an election; both pass. Retrying is safe: a change already made is a no-op.
+        """
+        deadline = time.monotonic() + MEMBERSHIP_DEADLINE
+        for change, address in [*((group.raft.remove_member, a) for a in remove),
+                                *((group.raft.add_member, a) for a in add)]:  # fmt: skip
+            while True:
+                try:
+                    await change(address)
+                    break
+                except NotCommitted:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
         return group.raft.members
 
     async def _join(self, content: dict[str, Any]) -> None:
