@@ -60,3 +60,21 @@ class KernelDead(FleetError):
     """The kernel's process is gone; it can be restarted or shut down, not used."""
 
     reason = "kernel-dead"
+
+
+class GpusUnavailable(FleetError):
+    """A host has too few free GPUs right now; waiting (or another host) may help."""
+
+    reason = "gpus-unavailable"
+
+
+class HostLimitReached(NoCapacity):
+    """A host provider is at its configured maximum number of hosts."""
+
+    reason = "host-limit-reached"
+
+
+class LedgerInconsistent(FleetError):
+    """The GPU ledger broke one of its invariants: a bug, reported with the exact breach."""
+
+    reason = "ledger-inconsistent"

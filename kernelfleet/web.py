@@ -18,10 +18,12 @@ from tornado import web
 from kernelfleet.errors import (
     Conflict,
     FleetError,
+    GpusUnavailable,
     HostUnavailable,
     InvalidRequest,
     KernelDead,
     KernelStartFailed,
+    LedgerInconsistent,
     NoCapacity,
     NotFound,
 )
@@ -36,6 +38,8 @@ STATUS_FOR_ERROR: dict[type[FleetError], int] = {
     KernelStartFailed: 500,
     HostUnavailable: 502,
     KernelDead: 409,
+    GpusUnavailable: 503,
+    LedgerInconsistent: 500,
 }
 
 REASON_FOR_STATUS = {
