@@ -1,0 +1,480 @@
+"""The gateway's GPU ledger: per host, the devices it has, who claims them and who holds them.
+
+Three layers per host (REFERENCE.md §2):
+
+- **spec**: the device ids the host reports, in its order (`device_ids_of` turns a host report's
+  ``gpus`` into ids: the device index as a string, what ``CUDA_VISIBLE_DEVICES`` and
+  ``torch.cuda.set_device`` take on that host);
+- **claims** ("subscribed"): each live replica's GPU need, not exclusive. A replica has at most
+  one claim, on the host it runs on;
+- **bindings** ("committed"): device ids bound exclusively to one cell of one replica. A replica
+  holds at most one binding, and only on the host of its claim.
+
+Besides, the ledger remembers which replica's memory may still be **warm** on a free device (it
+was bound there and has not offloaded since); `commit` prefers a replica's own warm devices and
+says whose warm memory it displaces, so the caller can have that replica offload first.
+
+A host that reports fewer devices than before (`set_host`) keeps the bindings on the devices it
+lost until they are released: those devices are listed as ``vanished`` and the host as
+over-committed, they count for nobody's free GPUs, and free counts never go negative.
+
+Every method is synchronous and runs on the gateway's event loop; none does I/O.
+`check_invariants` raises `LedgerInconsistent` naming the exact breach.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernelfleet.errors import (
+    Conflict,
+    GpusUnavailable,
+    InvalidRequest,
+    LedgerInconsistent,
+    NoCapacity,
+    NotFound,
+)
+from kernelfleet.scheduler.snapshot import HostSnapshot
+
+ReplicaKey = tuple[str, str]
+"""(kernel id, replica id)."""
+
+
+def device_ids_of(gpus: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The device ids of a host report's ``gpus`` list (`GpuDevice.to_dict` values), in index
+    order: each device's ``index`` as a string."""
+    try:
+        indices = sorted(int(gpu["index"]) for gpu in gpus)
+    except (KeyError, TypeError, ValueError):
+        raise InvalidRequest("every GPU in a host report needs an integer 'index'") from None
+    return tuple(str(index) for index in indices)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A replica's GPU need on its host (subscribed, not exclusive)."""
+
+    host_id: str
+    kernel_id: str
+    replica_id: str
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Devices bound exclusively to cell `cell_id` of a replica (committed)."""
+
+    host_id: str
+    kernel_id: str
+    replica_id: str
+    cell_id: str
+    device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Commitment:
+    """What `commit` did: the binding, and what the caller must do before the cell starts.
+
+    ``displaced``: other replicas whose memory may still be warm on the bound devices; each must
+    offload (and the caller then calls `mark_cold`) before the cell runs. ``moved``: this
+    replica had warm memory on devices it did not get back; it must offload and reload it onto
+    the new devices.
+    """
+
+    binding: Binding
+    displaced: tuple[ReplicaKey, ...] = ()
+    moved: bool = False
+
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        return self.binding.device_ids
+
+
+@dataclass(frozen=True)
+class HostGpuView:
+    """One host's GPUs for the admin API (`to_dict`)."""
+
+    id: str
+    device_ids: tuple[str, ...]
+    subscribed: int
+    committed: int
+    bound: dict[str, Binding]
+    vanished: tuple[str, ...]
+    warm: dict[str, ReplicaKey]
+
+    @property
+    def total(self) -> int:
+        return len(self.device_ids)
+
+    @property
+    def idle(self) -> int:
+        return self.total - self.committed
+
+    @property
+    def over_committed(self) -> bool:
+        return bool(self.vanished)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "total": self.total,
+            "subscribed": self.subscribed,
+            "committed": self.committed,
+            "idle": self.idle,
+            "devices": list(self.device_ids),
+            "committed_devices": {
+                device: {"kernel": b.kernel_id, "replica": b.replica_id, "cell": b.cell_id}
+                for device, b in sorted(self.bound.items())
+            },
+            "vanished": list(self.vanished),
+            "over_committed": self.over_committed,
+            "warm": {d: {"kernel": k, "replica": r} for d, (k, r) in sorted(self.warm.items())},
+        }
+
+
+@dataclass(frozen=True)
+class LedgerTotals:
+    """Fleet-wide counts: GPUs the hosts have, claimed by idle replicas (subscribed), claimed by
+    every replica (demand), and bound to running cells (committed)."""
+
+    total: int
+    subscribed: int
+    demand: int
+    committed: int
+
+
+@dataclass
+class _Host:
+    devices: tuple[str, ...]
+    vanished: set[str] = field(default_factory=set)
+    warm: dict[str, ReplicaKey] = field(default_factory=dict)
+
+
+class GpuLedger:
+    """Spec, claims and bindings of every host; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._hosts: dict[str, _Host] = {}
+        self._claims: dict[ReplicaKey, Claim] = {}
+        self._bindings: dict[ReplicaKey, Binding] = {}
+
+    # ---- hosts -----------------------------------------------------------------------------
+
+    def set_host(self, host_id: str, device_ids: Iterable[str]) -> tuple[str, ...]:
+        """Register a host or take its newly reported devices; call it on every host report.
+
+        Returns the bound devices the host no longer reports (newly vanished). Their bindings
+        stay until released; devices that come back are ordinary again. Duplicate or empty ids
+        are `InvalidRequest`.
+        """
+        devices = tuple(device_ids)
+        if len(set(devices)) != len(devices) or not all(devices):
+            raise InvalidRequest(f"host {host_id} reports duplicate or empty GPU ids: {devices}")
+        host = self._hosts.setdefault(host_id, _Host(devices))
+        host.devices = devices
+        bound = self._bound_devices(host_id)
+        newly_vanished = tuple(sorted(bound - set(devices) - host.vanished))
+        host.vanished = bound - set(devices)
+        host.warm = {d: owner for d, owner in host.warm.items() if d in devices}
+        return newly_vanished
+
+    def drop_host(self, host_id: str) -> tuple[Binding, ...]:
+        """Forget a host that is lost or stopped: its claims and bindings go with it.
+
+        Returns the bindings that were cut (their cells lost their GPUs). Idempotent."""
+        if self._hosts.pop(host_id, None) is None:
+            return ()
+        cut = tuple(b for b in self._bindings.values() if b.host_id == host_id)
+        for binding in cut:
+            del self._bindings[(binding.kernel_id, binding.replica_id)]
+        for key in [key for key, claim in self._claims.items() if claim.host_id == host_id]:
+            del self._claims[key]
+        return cut
+
+    def hosts(self) -> list[str]:
+        return sorted(self._hosts)
+
+    # ---- claims ----------------------------------------------------------------------------
+
+    def subscribe(self, host_id: str, kernel_id: str, replica_id: str, gpus: int) -> None:
+        """Claim `gpus` GPUs for a replica on its host (again: update the need).
+
+        `NotFound` for an unknown host, `InvalidRequest` for a negative count, `Conflict` if
+        the replica is subscribed on another host (unsubscribe it there first)."""
+        self._host(host_id)
+        _check_count(gpus)
+        key = (kernel_id, replica_id)
+        claim = self._claims.get(key)
+        if claim is not None and claim.host_id != host_id:
+            raise Conflict(
+                f"replica {replica_id} of kernel {kernel_id} is subscribed on host "
+                f"{claim.host_id}, not {host_id}"
+            )
+        self._claims[key] = Claim(host_id, kernel_id, replica_id, gpus)
+
+    def unsubscribe(self, kernel_id: str, replica_id: str) -> Binding | None:
+        """The replica stopped, died or moved away: its claim, its binding and its warm memory
+        leave the ledger. Returns the binding it still held, if any. Idempotent."""
+        key = (kernel_id, replica_id)
+        self._claims.pop(key, None)
+        binding = self._bindings.pop(key, None)
+        self._forget_warm(key)
+        if binding is not None:
+            self._drop_vanished(binding)
+        return binding
+
+    def remove_kernel(self, kernel_id: str) -> tuple[Binding, ...]:
+        """`unsubscribe` every replica of a kernel (shut down). Returns the bindings it held."""
+        replicas = {key for key in [*self._claims, *self._bindings] if key[0] == kernel_id}
+        cut = (self.unsubscribe(kernel, replica) for kernel, replica in sorted(replicas))
+        return tuple(binding for binding in cut if binding is not None)
+
+    # ---- bindings --------------------------------------------------------------------------
+
+    def commit(
+        self, host_id: str, kernel_id: str, replica_id: str, cell_id: str, gpus: int
+    ) -> Commitment:
+        """Bind `gpus` free devices of `host_id` to cell `cell_id` of a subscribed replica.
+
+        Device choice is deterministic: the replica's own warm devices first, then devices no
+        one is warm on, then the others, each in the host's order (lowest index first).
+        Committing the same cell again returns the same binding. Zero GPUs binds nothing.
+
+        Raises `NotFound` (unknown host), `InvalidRequest` (negative count), `Conflict` (the
+        replica is not subscribed on this host, or holds a binding for another cell),
+        `NoCapacity` (more GPUs than the host has) or `GpusUnavailable` (too few free now).
+        """
+        host = self._host(host_id)
+        _check_count(gpus)
+        key = (kernel_id, replica_id)
+        claim = self._claims.get(key)
+        if claim is None or claim.host_id != host_id:
+            raise Conflict(f"replica {replica_id} of kernel {kernel_id} is not on host {host_id}")
+        held = self._bindings.get(key)
+        if held is not None:
+            if held.cell_id == cell_id and len(held.device_ids) == gpus:
+                return Commitment(held)
+            raise Conflict(
+                f"replica {replica_id} of kernel {kernel_id} holds GPUs for cell "
+                f"{held.cell_id}; release them before committing cell {cell_id}"
+            )
+        if gpus == 0:
+            return Commitment(Binding(host_id, kernel_id, replica_id, cell_id, ()))
+        if gpus > len(host.devices):
+            raise NoCapacity(
+                f"host {host_id} has {len(host.devices)} GPU(s); the cell needs {gpus}"
+            )
+        bound = self._bound_devices(host_id)
+        free = [device for device in host.devices if device not in bound]
+        if len(free) < gpus:
+            raise GpusUnavailable(
+                f"host {host_id} has {len(free)} of {len(host.devices)} GPU(s) free; "
+                f"the cell needs {gpus}"
+            )
+
+        def preference(device: str) -> int:
+            owner = host.warm.get(device)
+            return 0 if owner == key else 1 if owner is None else 2
+
+        chosen = sorted(free, key=preference)[:gpus]  # sorted() is stable: host order within
+        displaced = sorted({host.warm[d] for d in chosen if host.warm.get(d, key) != key})
+        moved = any(owner == key and d not in chosen for d, owner in host.warm.items())
+        self._forget_warm(key)
+        host.warm.update((device, key) for device in chosen)
+        binding = Binding(host_id, kernel_id, replica_id, cell_id, tuple(chosen))
+        self._bindings[key] = binding
+        return Commitment(binding, tuple(displaced), moved)
+
+    def release(
+        self,
+        kernel_id: str,
+        *,
+        cell_id: str | None = None,
+        replica_id: str | None = None,
+        warm: bool = True,
+    ) -> tuple[Binding, ...]:
+        """Release the kernel's bindings (those of `cell_id` and/or `replica_id` only, if given).
+
+        The devices are free again at once. With ``warm`` (the default) the replica's memory is
+        taken to stay resident until someone else commits those devices; ``warm=False`` says it
+        was offloaded already. Returns the released bindings; releasing twice is a no-op."""
+        released = tuple(
+            b
+            for b in self._bindings.values()
+            if b.kernel_id == kernel_id
+            and (cell_id is None or b.cell_id == cell_id)
+            and (replica_id is None or b.replica_id == replica_id)
+        )
+        for binding in released:
+            key = (binding.kernel_id, binding.replica_id)
+            del self._bindings[key]
+            self._drop_vanished(binding)
+            if not warm:
+                self._forget_warm(key)
+        return released
+
+    def mark_cold(self, kernel_id: str, replica_id: str) -> None:
+        """The replica offloaded its device memory: it is warm nowhere any more."""
+        self._forget_warm((kernel_id, replica_id))
+
+    def binding(self, kernel_id: str, replica_id: str) -> Binding | None:
+        return self._bindings.get((kernel_id, replica_id))
+
+    def claim(self, kernel_id: str, replica_id: str) -> Claim | None:
+        return self._claims.get((kernel_id, replica_id))
+
+    # ---- views -----------------------------------------------------------------------------
+
+    def view(self, host_id: str) -> HostGpuView:
+        """One host's GPUs for the admin API; `NotFound` for an unknown host."""
+        host = self._host(host_id)
+        bound = {
+            device: binding
+            for binding in self._bindings.values()
+            if binding.host_id == host_id
+            for device in binding.device_ids
+        }
+        busy = {key for key, binding in self._bindings.items() if binding.host_id == host_id}
+        subscribed = sum(
+            claim.gpus
+            for key, claim in self._claims.items()
+            if claim.host_id == host_id and key not in busy
+        )
+        return HostGpuView(
+            id=host_id,
+            device_ids=host.devices,
+            subscribed=subscribed,
+            committed=sum(1 for device in bound if device in host.devices),
+            bound=bound,
+            vanished=tuple(sorted(host.vanished)),
+            warm=dict(host.warm),
+        )
+
+    def host_snapshot(self, host_id: str, alive: bool = True) -> HostSnapshot:
+        """The host as policies see it: committed counts only devices the host still has, so
+        ``gpus_idle`` is never negative; replicas are the host's claims."""
+        view = self.view(host_id)
+        replicas = sum(1 for claim in self._claims.values() if claim.host_id == host_id)
+        return HostSnapshot(
+            id=host_id,
+            gpus_total=view.total,
+            gpus_subscribed=view.subscribed,
+            gpus_committed=view.committed,
+            replicas=replicas,
+            alive=alive,
+        )
+
+    def snapshot(self, alive: Callable[[str], bool] | None = None) -> tuple[HostSnapshot, ...]:
+        """Every host's `host_snapshot`, by id; `alive(host_id)` says which are alive."""
+        return tuple(
+            self.host_snapshot(host_id, alive(host_id) if alive else True)
+            for host_id in sorted(self._hosts)
+        )
+
+    def totals(self) -> LedgerTotals:
+        views = [self.view(host_id) for host_id in self._hosts]
+        return LedgerTotals(
+            total=sum(view.total for view in views),
+            subscribed=sum(view.subscribed for view in views),
+            demand=sum(claim.gpus for claim in self._claims.values()),
+            committed=sum(view.committed for view in views),
+        )
+
+    # ---- invariants ------------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """Raise `LedgerInconsistent` unless: every claim and binding is on a known host with a
+        non-negative count; every binding belongs to a replica subscribed on its host, is keyed
+        by its replica and binds distinct devices the host has (or lists as vanished); no device
+        is bound twice; vanished devices are bound and absent from the spec; warm devices are in
+        the spec and belong to subscribed replicas."""
+        for key, claim in self._claims.items():
+            _require(key == (claim.kernel_id, claim.replica_id), f"claim {claim} filed as {key}")
+            _require(claim.host_id in self._hosts, f"claim {claim} is on an unknown host")
+            _require(claim.gpus >= 0, f"claim {claim} has a negative GPU count")
+        holders: dict[tuple[str, str], Binding] = {}
+        for key, binding in self._bindings.items():
+            _require(
+                key == (binding.kernel_id, binding.replica_id), f"binding {binding} filed as {key}"
+            )
+            host = self._hosts.get(binding.host_id)
+            if host is None:
+                raise _breach(f"binding {binding} is on an unknown host")
+            owner = self._claims.get(key)
+            _require(
+                owner is not None and owner.host_id == binding.host_id,
+                f"binding {binding} belongs to a replica not subscribed on its host",
+            )
+            _require(binding.device_ids != (), f"binding {binding} binds no device")
+            _require(
+                len(set(binding.device_ids)) == len(binding.device_ids),
+                f"binding {binding} names a device twice",
+            )
+            for device in binding.device_ids:
+                _require(
+                    device in host.devices or device in host.vanished,
+                    f"binding {binding} holds device {device}, which host {binding.host_id} "
+                    f"neither has nor lists as vanished",
+                )
+                other = holders.setdefault((binding.host_id, device), binding)
+                _require(
+                    other is binding,
+                    f"device {device} of host {binding.host_id} is bound twice: {other} and "
+                    f"{binding}",
+                )
+        for host_id, host in self._hosts.items():
+            for device in host.vanished:
+                _require(
+                    device not in host.devices,
+                    f"device {device} of host {host_id} is both present and vanished",
+                )
+                _require(
+                    (host_id, device) in holders,
+                    f"device {device} of host {host_id} is listed as vanished but bound to nobody",
+                )
+            for device, resident in host.warm.items():
+                _require(
+                    device in host.devices, f"warm device {device} of host {host_id} is not in spec"
+                )
+                warm_claim = self._claims.get(resident)
+                _require(
+                    warm_claim is not None and warm_claim.host_id == host_id,
+                    f"device {device} of host {host_id} is warm for {resident}, "
+                    "not subscribed there",
+                )
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _host(self, host_id: str) -> _Host:
+        try:
+            return self._hosts[host_id]
+        except KeyError:
+            raise NotFound(f"the GPU ledger has no host {host_id!r}") from None
+
+    def _bound_devices(self, host_id: str) -> set[str]:
+        return {d for b in self._bindings.values() if b.host_id == host_id for d in b.device_ids}
+
+    def _drop_vanished(self, binding: Binding) -> None:
+        host = self._hosts.get(binding.host_id)
+        if host is not None:
+            host.vanished.difference_update(binding.device_ids)
+
+    def _forget_warm(self, key: ReplicaKey) -> None:
+        for host in self._hosts.values():
+            for device in [d for d, owner in host.warm.items() if owner == key]:
+                del host.warm[device]
+
+
+def _check_count(gpus: int) -> None:
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise InvalidRequest(f"a GPU count must be a non-negative integer, not {gpus!r}")
+
+
+def _require(condition: bool, breach: str) -> None:
+    if not condition:
+        raise _breach(breach)
+
+
+def _breach(breach: str) -> LedgerInconsistent:
+    return LedgerInconsistent(f"GPU ledger invariant broken: {breach}")
