@@ -74,6 +74,27 @@ class Trace:
     sessions: tuple[Session, ...]
     skipped: tuple[str, ...] = field(default=())
 
+    def select(self, start_min: float = 0.0, sessions: int = 0) -> Trace:
+        """The slice that replay and simulation share: the sessions starting at or after trace
+        minute `start_min`, earliest first (ties by session id), at most `sessions` of them (0:
+        all). Sessions are recovered from the whole file first, so a slice never splits or joins
+        one; they are renumbered 0.. in start order. `TraceError` if the slice is empty."""
+        if start_min < 0 or sessions < 0:
+            raise TraceError(
+                f"{self.path}: start {start_min:g} and sessions {sessions} must be >= 0"
+            )
+        chosen = sorted(
+            (s for s in self.sessions if s.start_min >= start_min),
+            key=lambda s: (s.start_min, s.id),
+        )
+        if sessions:
+            chosen = chosen[:sessions]
+        if not chosen:
+            raise TraceError(f"{self.path}: no session starts at or after minute {start_min:g}")
+        renumbered = tuple(Session(i, s.gpus, s.events) for i, s in enumerate(chosen))
+        events = tuple(e for s in renumbered for e in s.events)
+        return Trace(self.path, events, renumbered, self.skipped)
+
     def gpu_split(self) -> dict[int, int]:
         """Events per GPU count, e.g. ``{1: 15214, 4: 6192, 8: 9503}`` for the June trace."""
         split: dict[int, int] = {}

@@ -96,3 +96,16 @@ def test_june_trace_counts(june_trace: Path) -> None:
     assert len(trace.sessions) == 8_435
     assert 3.6 < len(trace.events) / len(trace.sessions) < 3.8
     assert sum(len(s.events) for s in trace.sessions) == 30_909
+
+
+def test_select_takes_whole_sessions_in_start_order(tmp_path: Path) -> None:
+    # sessions (file order): A = lines 2-3 from minute 50, B = line 4 at 10, C = line 5 at 30
+    trace = read_trace(
+        write(tmp_path, "0,1,50,0,a,2,0\n1,1,52,0,a,1,0\n2,4,10,0,b,5,0\n3,1,30,0,c,1,0\n")
+    )
+    picked = trace.select(start_min=20, sessions=2)
+    assert [(s.id, s.start_min, len(s.events)) for s in picked.sessions] == [(0, 30, 1), (1, 50, 2)]
+    assert [e.line for e in picked.events] == [5, 2, 3]
+    assert [s.start_min for s in trace.select().sessions] == [10, 30, 50]
+    with pytest.raises(TraceError, match="no session starts at or after minute 60"):
+        trace.select(start_min=60)
