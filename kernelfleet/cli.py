@@ -23,6 +23,10 @@ class KernelfleetApp(Application):
             "Start the gateway (the Jupyter gateway API and the fleet admin API).",
         ),
         "simulate": ("kernelfleet.scheduler.simulator.app.SimulateApp", "Simulate a trace."),
+        "replay": (
+            "kernelfleet.replay.app.ReplayApp",
+            "Replay a trace against a live gateway, as a population of notebook users.",
+        ),
         "host": (
             "kernelfleet.kernels.agent.HostAgentApp",
             "Start a host agent: GPU inventory and kernel launcher for one machine.",

@@ -1,0 +1,63 @@
+"""``kernelfleet replay``'s handling of bad input: clear messages, exit status 2."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from kernelfleet.cli import KernelfleetApp
+from kernelfleet.replay.app import ReplayApp
+
+SLICE = Path(__file__).with_name("june_slice.csv")
+HEADER = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
+
+
+def run_app(*argv: str) -> None:
+    app = ReplayApp()
+    app.initialize(argv=[*argv, "--ReplayApp.progress=False"])
+    app.start()
+
+
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ((), "--trace FILE --gateway URL"),
+        (("--trace", str(SLICE)), "--trace FILE --gateway URL"),
+        (("--gateway", "http://127.0.0.1:1"), "--trace FILE --gateway URL"),
+        (("--trace", str(SLICE), "--gateway", "http://x", "--time-scale", "0"), "time scale"),
+        (("--trace", str(SLICE), "--gateway", "http://x", "--start", "99999"), "no session"),
+    ],
+)
+def test_missing_or_impossible_arguments(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run_app(*argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_bad_trace_row_is_named(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text(HEADER + "0,1,0,0,a,3,0\n1,1,5,0,a,-1,0\n", encoding="utf-8")
+    with pytest.raises(SystemExit):
+        run_app("--trace", str(bad), "--gateway", "http://127.0.0.1:1")
+    assert "line 3: negative duration -1" in capsys.readouterr().err
+
+
+def test_an_unreachable_gateway_is_a_clear_error(capsys) -> None:
+    url = f"http://127.0.0.1:{unused_port()}"
+    with pytest.raises(SystemExit) as exited:
+        run_app("--trace", str(SLICE), "--gateway", url, "--token", "t" * 12)
+    assert exited.value.code == 2
+    assert f"GET /api/fleet/hosts: cannot reach {url}" in capsys.readouterr().err
+
+
+def test_replay_is_a_subcommand() -> None:
+    assert "replay" in KernelfleetApp.subcommands
