@@ -24,6 +24,7 @@ from kernelfleet import __version__
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.scheduler.simulator import simulate
 from kernelfleet.scheduler.simulator.config import EXPLANATIONS, SimulationConfig
+from kernelfleet.scheduler.simulator.plot import plot, require_matplotlib
 from kernelfleet.scheduler.simulator.report import (
     as_document,
     assumptions_text,
@@ -117,7 +118,7 @@ class SimulateApp(Application):
         if not self.trace:
             raise InvalidRequest("give the trace file: --trace FILE")
         if self.plot_path:
-            from kernelfleet.scheduler.simulator.plot import plot  # fail before the long run
+            require_matplotlib()  # fail before the long run
         config = self.model()
         policies = [resolve_policy(name, config.autoscaling()) for name in self.policies]
         trace = read_trace(self.trace, skip_bad_rows=self.skip_bad_rows)
@@ -138,6 +139,7 @@ class SimulateApp(Application):
             Path(self.json_path).write_text(text + "\n", encoding="utf-8")
         if self.plot_path:
             plot(results, self.plot_path)
+            print(f"plot written to {self.plot_path}")
 
     def _progress_line(self) -> Any:
         if not self.progress:

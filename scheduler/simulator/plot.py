@@ -10,15 +10,23 @@ from kernelfleet.scheduler.simulator.metrics import PolicyResult
 MAX_POINTS = 4000
 
 
-def plot(results: dict[str, PolicyResult], path: str | Path) -> None:
-    """Write a PNG with one time panel per policy and one CDF panel; matplotlib is optional."""
+def require_matplotlib() -> None:
+    """`InvalidRequest` saying how to install matplotlib if it is missing; call it before a
+    long run whose results are to be plotted."""
     try:
         import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
     except ImportError:
-        raise InvalidRequest("--plot needs matplotlib: pip install matplotlib") from None
+        raise InvalidRequest(
+            '--plot needs matplotlib: pip install matplotlib (or "kernelfleet[plot]")'
+        ) from None
+    matplotlib.use("Agg")
+
+
+def plot(results: dict[str, PolicyResult], path: str | Path) -> None:
+    """Write a PNG with one time panel per policy and one CDF panel; matplotlib is optional."""
+    require_matplotlib()
+    import matplotlib.pyplot as plt
+
     figure, axes = plt.subplots(len(results) + 1, 1, figsize=(11, 3 * (len(results) + 1)))
     for axis, (name, result) in zip(axes, results.items(), strict=False):
         for label, history in (
