@@ -1,10 +1,12 @@
-"""The gateway's ZMQ link to one kernel replica.
+"""The gateway's ZMQ links to a kernel's replicas.
 
-`KernelLink` holds one IOPub subscription per kernel, made ready once (by nudging the kernel
-until a message arrives) and fanned out to every attached client, so a websocket that opens can
-execute at once without losing the first outputs. Each attached client gets its own DEALER
-sockets for shell, control and stdin (`ClientLink`), so replies route back to the client that
-asked. Messages from the kernel are HMAC-checked; a bad one is logged and dropped, never relayed.
+`KernelLink` holds one IOPub subscription per live replica (`ReplicaFeed`), made ready once (by
+nudging the replica until a message arrives) and fanned out to every attached client, so a
+websocket that opens can execute at once without losing the first outputs. Each attached client
+gets its own DEALER sockets for shell, control and stdin to each replica (`ClientLink`), so
+replies route back to the client that asked. Each request is answered by one replica, and only
+that replica's messages about it are relayed. Messages from the kernel are HMAC-checked; a bad
+one is logged and dropped, never relayed.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +26,8 @@ import zmq
 import zmq.asyncio
 from jupyter_client.session import Session
 
-from kernelfleet.errors import InvalidRequest, KernelStartFailed
+from kernelfleet.errors import InvalidRequest, KernelDead, KernelStartFailed
+from kernelfleet.gateway.cells import Assign, Assignment, Cell, CellQueue, cell_gpus, stops_on_error
 from kernelfleet.gateway.framing import (
     DELIMITER,
     ClientMessage,
@@ -38,7 +42,10 @@ Deliver = Callable[[str, KernelMessage], None]
 """Receives (channel, message) for each verified message from the kernel."""
 
 OnClosed = Callable[[], None]
-"""Called when the gateway closes a client's link (the kernel was relinked or shut down)."""
+"""Called when the gateway closes a client's link (the kernel was restarted or shut down)."""
+
+ROUTES_KEPT = 4096
+"""Requests whose answering replica is remembered (late output of old cells included)."""
 
 
 @dataclass(frozen=True)
@@ -73,8 +80,8 @@ class ConnectionInfo:
         )
 
 
-class KernelLink:
-    """The gateway side of one kernel replica's channels. Create, `await start()`, then `attach`."""
+class ReplicaFeed:
+    """One replica's IOPub subscription, made to work before it is used (see `nudge`)."""
 
     def __init__(
         self,
@@ -82,26 +89,25 @@ class KernelLink:
         replica_id: str,
         info: ConnectionInfo,
         context: zmq.asyncio.Context,
-        on_iopub: Callable[[KernelMessage], None],
+        on_message: Callable[[str, KernelMessage], None],
     ) -> None:
         self.kernel_id = kernel_id
         self.replica_id = replica_id
         self.info = info
         self._context = context
-        self._on_iopub = on_iopub
+        self._on_message = on_message
         self._session = info.session()
-        self._clients: set[ClientLink] = set()
-        self._iopub: zmq.asyncio.Socket | None = None
+        self._socket: zmq.asyncio.Socket | None = None
         self._pump: asyncio.Task[None] | None = None
-        self._first_iopub = asyncio.Event()
+        self._first = asyncio.Event()
 
     async def start(self, timeout: float = 10.0) -> None:
-        """Subscribe to IOPub and nudge the kernel until the subscription demonstrably works."""
-        self._iopub = self._context.socket(zmq.SUB)
-        self._iopub.setsockopt(zmq.LINGER, 0)
-        self._iopub.setsockopt(zmq.SUBSCRIBE, b"")
-        self._iopub.connect(self.info.url("iopub"))
-        self._pump = asyncio.create_task(self._pump_iopub(), name=f"iopub-{self.kernel_id}")
+        """Subscribe to IOPub and nudge the replica until the subscription demonstrably works."""
+        self._socket = self._context.socket(zmq.SUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self._socket.connect(self.info.url("iopub"))
+        self._pump = asyncio.create_task(self._run(), name=f"iopub-{self.replica_id}")
         await self.nudge(timeout)
 
     async def nudge(self, timeout: float = 10.0) -> None:
@@ -111,13 +117,13 @@ class KernelLink:
         ports (a restart): ZMQ reconnects the subscription by itself, but what the new process
         publishes before that reconnection is lost.
         """
-        self._first_iopub.clear()
+        self._first.clear()
         nudge = self._context.socket(zmq.DEALER)
         nudge.setsockopt(zmq.LINGER, 0)
         nudge.connect(self.info.url("shell"))
         deadline = time.monotonic() + timeout
         try:
-            while not self._first_iopub.is_set():
+            while not self._first.is_set():
                 if time.monotonic() > deadline:
                     raise KernelStartFailed(
                         f"kernel {self.kernel_id} published nothing on IOPub within {timeout:.0f} s"
@@ -125,18 +131,107 @@ class KernelLink:
                 msg = self._session.msg("kernel_info_request")
                 await nudge.send_multipart(self._session.serialize(msg))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._first_iopub.wait(), 0.2)
+                    await asyncio.wait_for(self._first.wait(), 0.2)
         finally:
             nudge.close()
+
+    def close(self) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+        if self._socket is not None:
+            self._socket.close()
+
+    async def _run(self) -> None:
+        assert self._socket is not None
+        async for message in _verified_messages(
+            self._socket, self._session, self.kernel_id, "iopub"
+        ):
+            self._first.set()
+            self._on_message(self.replica_id, message)
+
+
+class KernelLink:
+    """The gateway side of one kernel's channels, across its live replicas.
+
+    Each client request is routed to one replica, and only that replica's answers reach the
+    clients: its replies, and the IOPub messages whose parent is the request. IOPub messages
+    with no routed parent come from the `primary` replica (the last executor) alone. Cells go
+    through `cells`, the kernel's `CellQueue`: each is sent with the LEAD role to the replica
+    assigned to it and with the YIELD role to the others, which record that they yielded.
+
+    Create, `await add_replica(...)` for each live replica, then `attach` clients.
+    """
+
+    def __init__(
+        self,
+        kernel_id: str,
+        context: zmq.asyncio.Context,
+        on_iopub: Callable[[str, KernelMessage], None],
+        assign: Assign,
+    ) -> None:
+        self.kernel_id = kernel_id
+        self._context = context
+        self._on_iopub = on_iopub
+        self.feeds: dict[str, ReplicaFeed] = {}
+        self.primary: str | None = None
+        self._routes: OrderedDict[str, str] = OrderedDict()
+        self._clients: set[ClientLink] = set()
+        self.cells = CellQueue(kernel_id, assign, self._dispatch_cell)
+
+    async def add_replica(self, replica_id: str, info: ConnectionInfo, timeout: float) -> None:
+        """Subscribe to a live replica and open every client's sockets to it."""
+        feed = ReplicaFeed(self.kernel_id, replica_id, info, self._context, self._from_replica)
+        try:
+            await feed.start(timeout)
+        except BaseException:
+            feed.close()
+            raise
+        self.feeds[replica_id] = feed
+        if self.primary is None:
+            self.primary = replica_id
+        for client in self._clients:
+            client.open_replica(replica_id, info)
+
+    def remove_replica(self, replica_id: str, why: str) -> None:
+        """Stop using a lost (or moved) replica: requests it was answering get an error reply
+        saying `why`; its cell, if it ran one, ends."""
+        feed = self.feeds.pop(replica_id, None)
+        if feed is not None:
+            feed.close()
+        resent = self.cells.replica_lost(replica_id)
+        for client in list(self._clients):
+            client.fail_pending(why, replica_id, keep=resent)
+            client.close_replica(replica_id)
+        if self.primary == replica_id:
+            self.primary = next(iter(self.feeds), None)
+
+    def set_primary(self, replica_id: str) -> None:
+        if replica_id in self.feeds:
+            self.primary = replica_id
+
+    async def nudge(self, timeout: float) -> None:
+        """Nudge every replica's subscription (after a restart on the same ports)."""
+        await asyncio.gather(*(feed.nudge(timeout) for feed in self.feeds.values()))
+
+    def route(self, msg_id: str, replica_id: str) -> None:
+        self._routes[msg_id] = replica_id
+        while len(self._routes) > ROUTES_KEPT:
+            self._routes.popitem(last=False)
+
+    def route_of(self, msg_id: str | None) -> str | None:
+        """The replica that answers request `msg_id` (None for a request not routed here)."""
+        return self._routes.get(msg_id) if msg_id else None
 
     def attach(self, session_id: str, deliver: Deliver, on_closed: OnClosed) -> ClientLink:
         """Open a client's shell/control/stdin sockets; IOPub reaches it through `deliver` too.
 
-        `on_closed` runs if the link closes the client (a relink or a shutdown), so the client
+        `on_closed` runs if the link closes the client (a restart or a shutdown), so the client
         can drop its websocket and reconnect; it does not run when the client closes itself.
         """
         client = ClientLink(self, session_id, deliver, on_closed)
         self._clients.add(client)
+        for replica_id, feed in self.feeds.items():
+            client.open_replica(replica_id, feed.info)
         return client
 
     def detach(self, client: ClientLink) -> None:
@@ -151,29 +246,39 @@ class KernelLink:
             client.deliver(channel, message)
 
     def close(self, why: str = "the kernel's link closed") -> None:
-        """Close the link: each client's running cells get an error reply saying `why`, then
-        the client is disconnected."""
+        """Close the link: cells not yet run and each client's running cells get an error
+        reply saying `why`, then the clients are disconnected."""
+        self.cells.close(why)
         for client in list(self._clients):
             client.fail_pending(why)
             client.close()
             client.on_closed()
-        if self._pump is not None:
-            self._pump.cancel()
-        if self._iopub is not None:
-            self._iopub.close()
+        for feed in self.feeds.values():
+            feed.close()
+        self.feeds.clear()
 
-    async def _pump_iopub(self) -> None:
-        assert self._iopub is not None
-        async for message in _verified_messages(
-            self._iopub, self._session, self.kernel_id, "iopub"
-        ):
-            self._first_iopub.set()
-            self._on_iopub(message)
-            self.broadcast("iopub", message)
+    def _from_replica(self, replica_id: str, message: KernelMessage) -> None:
+        parent = message.parent_msg_id()
+        owner = self.route_of(parent)
+        if owner != replica_id and (owner is not None or replica_id != self.primary):
+            return  # a yielding replica's echo, or a replica that answers nobody
+        if parent is not None and message.msg_type == "execute_input":
+            self.cells.mark_running(parent, replica_id)
+        elif message.msg_type == "status" and parent and b'"idle"' in message.raw_content:
+            self.cells.finish(parent, "idle", replica_id)
+        self._on_iopub(replica_id, message)
+        self.broadcast("iopub", message)
+
+    async def _dispatch_cell(self, cell: Cell, assignment: Assignment) -> None:
+        self.route(cell.id, assignment.replica_id)
+        client: ClientLink = cell.client
+        await client.send_cell(
+            cell, assignment, [r for r in self.feeds if r != assignment.replica_id]
+        )
 
 
 class ClientLink:
-    """One websocket client's DEALER sockets to a kernel replica."""
+    """One websocket client's DEALER sockets to each replica of a kernel."""
 
     def __init__(
         self, link: KernelLink, session_id: str, deliver: Deliver, on_closed: OnClosed
@@ -181,55 +286,178 @@ class ClientLink:
         self._link = link
         self.deliver = deliver
         self.on_closed = on_closed
-        self._pending: dict[str, bytes] = {}  # execute_request msg_id -> its raw header
-        self._session = link.info.session(session_id)
-        context = link._context
-        identity = f"{session_id}-{uuid.uuid4().hex[:8]}".encode()
-        self._sockets: dict[str, zmq.asyncio.Socket] = {}
-        self._pumps: list[asyncio.Task[None]] = []
+        self._session = ConnectionInfo("", 0, 0, 0, 0, 0, "").session(session_id)
+        self._identity = f"{session_id}-{uuid.uuid4().hex[:8]}".encode()
+        self._pending: dict[str, tuple[bytes, str]] = {}  # execute msg_id -> raw header, replica
+        self._sockets: dict[str, dict[str, zmq.asyncio.Socket]] = {}
+        self._signers: dict[str, Session] = {}
+        self._pumps: dict[str, list[asyncio.Task[None]]] = {}
+        self._stdin_replica: str | None = None
+        self._closed = False
+
+    def open_replica(self, replica_id: str, info: ConnectionInfo) -> None:
+        if self._closed or replica_id in self._sockets:
+            return
+        context = self._link._context
+        self._signers[replica_id] = info.session(self._session.session)
+        sockets: dict[str, zmq.asyncio.Socket] = {}
+        pumps = []
         for channel in ("shell", "control", "stdin"):
             socket = context.socket(zmq.DEALER)
             socket.setsockopt(zmq.LINGER, 0)
-            socket.setsockopt(zmq.IDENTITY, identity)
-            socket.connect(link.info.url(channel))
-            self._sockets[channel] = socket
-            self._pumps.append(asyncio.create_task(self._pump(channel, socket)))
+            socket.setsockopt(zmq.IDENTITY, self._identity)
+            socket.connect(info.url(channel))
+            sockets[channel] = socket
+            pumps.append(asyncio.create_task(self._pump(replica_id, channel, socket)))
+        self._sockets[replica_id] = sockets
+        self._pumps[replica_id] = pumps
+
+    def close_replica(self, replica_id: str) -> None:
+        for task in self._pumps.pop(replica_id, []):
+            task.cancel()
+        for socket in self._sockets.pop(replica_id, {}).values():
+            socket.close()
+        self._signers.pop(replica_id, None)
 
     async def send(self, message: ClientMessage) -> None:
-        """Sign `message` with the kernel's key and send it on its channel."""
-        socket = self._sockets.get(message.channel)
-        if socket is None:
+        """Route `message`: a cell to the kernel's cell queue, an input reply to the replica
+        that asked for input, anything else to the primary replica."""
+        if message.channel not in ("shell", "control", "stdin"):
             raise InvalidRequest(f"cannot send on channel {message.channel!r}")
-        signature = self._session.sign(message.parts)
-        if message.msg_type == "execute_request":
-            self._pending[message.msg_id] = message.parts[0]
-        await socket.send_multipart([DELIMITER, signature, *message.parts, *message.buffers])
+        if message.channel == "shell" and message.msg_type == "execute_request":
+            self._submit_cell(message)
+            return
+        if message.msg_type == "interrupt_request":
+            self._link.cells.cancel_waiting("interrupted while waiting to run")
+        target = self._target(message)
+        if target is None:
+            raise KernelDead(f"kernel {self._link.kernel_id} has no live replica")
+        self._link.route(message.msg_id, target)
+        await self._send_to(target, message.channel, message.parts, message.buffers)
 
-    def fail_pending(self, why: str) -> None:
-        """Answer every cell this client still waits for with an error and an idle status."""
-        for raw_header in self._pending.values():
+    async def send_cell(self, cell: Cell, assignment: Assignment, yielders: list[str]) -> None:
+        """Send `cell` with the LEAD role to its replica and the YIELD role to `yielders`."""
+        message = cell.message
+        executor = assignment.replica_id
+        self._pending[message.msg_id] = (message.parts[0], executor)
+        lead = _with_role(message.parts, "lead", executor, cell.attempt, assignment.devices)
+        await self._send_to(executor, "shell", lead, message.buffers)
+        yielding = _with_role(message.parts, "yield", executor, cell.attempt, ())
+        for replica_id in yielders:
+            with contextlib.suppress(KeyError, zmq.ZMQError):
+                await self._send_to(replica_id, "shell", yielding, message.buffers)
+
+    def show_cell_status(self, cell: Cell, text: str) -> None:
+        """Show `text` in the output of a cell that waits in the gateway (one updated line)."""
+        parent = json.loads(cell.message.parts[0])
+        said = cell.status_shown
+        if not said:
+            self._publish("status", {"execution_state": "busy"}, parent)
+        content = {
+            "data": {"text/plain": text},
+            "metadata": {},
+            "transient": {"display_id": f"kernelfleet-{cell.id}"},
+        }
+        self._publish("update_display_data" if said else "display_data", content, parent)
+        cell.status_shown = True
+
+    def end_unsent_cell(self, cell: Cell, ename: str, why: str) -> None:
+        """Answer a cell that never ran: an error reply (aborted for ``ename == "aborted"``)."""
+        parent = json.loads(cell.message.parts[0])
+        if ename == "aborted":
+            reply: dict[str, Any] = {"status": "aborted", "execution_count": None}
+        else:
+            reply = _error_reply(ename, why)
+            self._publish("error", {k: reply[k] for k in ("ename", "evalue", "traceback")}, parent)
+        self._publish("execute_reply", reply, parent, channel="shell")
+        self._publish("status", {"execution_state": "idle"}, parent)
+
+    def fail_pending(
+        self, why: str, replica_id: str | None = None, keep: str | None = None
+    ) -> None:
+        """Answer every cell this client still waits for (on `replica_id`, or anywhere; but
+        `keep`, a cell sent again) with a `ReplicaLost` error and an idle status."""
+        for msg_id, (raw_header, on) in list(self._pending.items()):
+            if (replica_id is not None and on != replica_id) or msg_id == keep:
+                continue
+            del self._pending[msg_id]
             parent = json.loads(raw_header)
-            for msg_type, channel, content in (
-                ("execute_reply", "shell", _lost_cell_reply(why)),
-                ("status", "iopub", {"execution_state": "idle"}),
-            ):
-                msg = self._session.msg(msg_type, content=content, parent=parent)
-                self.deliver(channel, kernel_message_from_dict(msg))
-        self._pending.clear()
+            self._publish("execute_reply", _lost_cell_reply(why), parent, channel="shell")
+            self._publish("status", {"execution_state": "idle"}, parent)
 
     def close(self) -> None:
+        self._closed = True
         self._link.detach(self)
-        for task in self._pumps:
-            task.cancel()
-        for socket in self._sockets.values():
-            socket.close()
+        for replica_id in list(self._sockets):
+            self.close_replica(replica_id)
 
-    async def _pump(self, channel: str, socket: zmq.asyncio.Socket) -> None:
-        kernel_id = self._link.kernel_id
-        async for message in _verified_messages(socket, self._session, kernel_id, channel):
-            if channel == "shell" and message.msg_type == "execute_reply":
-                self._pending.pop(message.parent_msg_id(), None)
+    def _submit_cell(self, message: ClientMessage) -> None:
+        cell = Cell(message, self, None, stops_on_error(message), time.monotonic())
+        try:
+            cell.gpus = cell_gpus(message)
+        except InvalidRequest as e:
+            self.end_unsent_cell(cell, "InvalidRequest", e.message)
+            return
+        self._link.cells.submit(cell)
+
+    def _target(self, message: ClientMessage) -> str | None:
+        link = self._link
+        if message.channel == "stdin" and self._stdin_replica in link.feeds:
+            return self._stdin_replica
+        running = link.cells.current_assignment
+        if message.channel == "control" and running is not None:
+            return running.replica_id
+        return link.primary
+
+    async def _send_to(
+        self, replica_id: str, channel: str, parts: list[bytes], buffers: list[bytes]
+    ) -> None:
+        socket = self._sockets[replica_id][channel]
+        signature = self._signers[replica_id].sign(parts)
+        await socket.send_multipart([DELIMITER, signature, *parts, *buffers])
+
+    def _publish(
+        self, msg_type: str, content: dict[str, Any], parent: dict, channel: str = "iopub"
+    ) -> None:
+        msg = self._session.msg(msg_type, content=content, parent=parent)
+        self.deliver(channel, kernel_message_from_dict(msg))
+
+    async def _pump(self, replica_id: str, channel: str, socket: zmq.asyncio.Socket) -> None:
+        link = self._link
+        session = self._signers[replica_id]
+        async for message in _verified_messages(socket, session, link.kernel_id, channel):
+            parent = message.parent_msg_id()
+            owner = link.route_of(parent)
+            if owner is not None and owner != replica_id:
+                continue  # a yielding replica's reply
+            if channel == "stdin":
+                self._stdin_replica = replica_id
+            if channel == "shell" and message.msg_type == "execute_reply" and parent:
+                self._pending.pop(parent, None)
+                link.cells.finish(parent, _reply_status(message), replica_id)
             self.deliver(channel, message)
+
+
+def _with_role(
+    parts: list[bytes], role: str, executor: str, attempt: int, devices: tuple[str, ...]
+) -> list[bytes]:
+    """`parts` with the cell's role, attempt (how many times it was sent again) and, for the
+    executor, its GPU devices in the metadata."""
+    metadata = json.loads(parts[2])
+    if not isinstance(metadata, dict):
+        metadata = {}
+    options = metadata.get("kernelfleet")
+    options = dict(options) if isinstance(options, dict) else {}
+    options.update(role=role, executor=executor, attempt=attempt, devices=list(devices))
+    metadata["kernelfleet"] = options
+    return [parts[0], parts[1], json.dumps(metadata).encode(), parts[3]]
+
+
+def _reply_status(message: KernelMessage) -> str:
+    try:
+        return str(json.loads(message.raw_content).get("status", "ok"))
+    except (ValueError, AttributeError):
+        return "ok"
 
 
 async def _verified_messages(
@@ -252,11 +480,16 @@ async def _verified_messages(
 
 
 def _lost_cell_reply(why: str) -> dict[str, Any]:
-    evalue = f"{why}; the kernel goes on with the state of its last completed cell"
+    return _error_reply(
+        "ReplicaLost", f"{why}; the kernel goes on with the state of its last completed cell"
+    )
+
+
+def _error_reply(ename: str, evalue: str) -> dict[str, Any]:
     return {
         "status": "error",
-        "ename": "ReplicaLost",
+        "ename": ename,
         "evalue": evalue,
-        "traceback": [f"ReplicaLost: {evalue}"],
+        "traceback": [f"{ename}: {evalue}"],
         "execution_count": None,
     }

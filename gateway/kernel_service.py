@@ -8,6 +8,7 @@ shows up here as a dead kernel, announced to its clients with a ``status: dead``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -24,8 +25,10 @@ from kernelfleet.errors import (
     InvalidRequest,
     KernelDead,
     KernelStartFailed,
+    NoCapacity,
     NotFound,
 )
+from kernelfleet.gateway.cells import Assignment, Cell
 from kernelfleet.gateway.channels import ClientLink, ConnectionInfo, Deliver, KernelLink, OnClosed
 from kernelfleet.gateway.framing import KernelMessage, kernel_message_from_dict
 from kernelfleet.gateway.hosts import HostRecord, HostRegistry
@@ -45,6 +48,9 @@ from kernelfleet.gateway.replication import (
 )
 from kernelfleet.gateway.store import KernelStore
 from kernelfleet.scheduler import FleetSnapshot, HostSnapshot, Placement, PlacementRequest, Policy
+from kernelfleet.scheduler.decisions import Reject, RunOn
+from kernelfleet.scheduler.policy import ExecuteRequest
+from kernelfleet.scheduler.snapshot import KernelSnapshot
 
 log = logging.getLogger("kernelfleet.gateway.kernels")
 
@@ -175,7 +181,11 @@ class KernelService:
         )
 
     async def interrupt(self, kernel_id: str) -> None:
+        """Cancel the kernel's cells still waiting in the gateway, and interrupt the replica
+        running one (or the last executor, as a plain kernel would be interrupted)."""
         kernel = self.get(kernel_id)
+        if kernel.link is not None:
+            kernel.link.cells.cancel_waiting("interrupted while waiting to run")
         replica = self._running_replica(kernel)
         await self._hosts.get(replica.host_id).client.interrupt_replica(replica.id)
 
@@ -203,6 +213,7 @@ class KernelService:
                         await self._link(kernel)
                     elif kernel.link is not None:
                         await kernel.link.nudge(self._launch_timeout)
+                        kernel.link.cells.cancel_waiting("the kernel restarted")
             except BaseException:
                 kernel.execution_state = "dead" if kernel.dead else "idle"
                 self._announce(kernel, kernel.execution_state)
@@ -366,37 +377,83 @@ class KernelService:
         return await self._launch_replica(kernel, placement.host_ids[0])
 
     async def _link(self, kernel: KernelRecord, why: str = "the kernel restarted") -> None:
-        """Link the kernel to its first live replica. Clients of the previous link are told
-        `why` for any cell still running, then disconnected so that they reconnect."""
+        """Link the kernel to its live replicas. Clients of the previous link are told `why`
+        for any cell still running, then disconnected so that they reconnect."""
         if kernel.link is not None:
             kernel.link.close(why)
-        replica = self._live_replica(kernel)
+        live = [r for r in kernel.replicas if r.state not in ("dead", "catching-up")]
+        if not live:
+            raise KernelDead(f"kernel {kernel.id} is dead: restart it or shut it down")
         link = KernelLink(
             kernel.id,
-            replica.id,
-            replica.connection,
             self._context,
-            lambda message: self._on_iopub(kernel, message),
+            lambda replica_id, message: self._on_iopub(kernel, replica_id, message),
+            lambda cell: self._assign(kernel, cell),
         )
         kernel.link = link
-        await link.start(timeout=self._launch_timeout)
+        # The last executor first: it is the primary, which answers everything but cells.
+        live.sort(key=lambda replica: replica.id != kernel.executor)
+        try:
+            await link.add_replica(live[0].id, live[0].connection, self._launch_timeout)
+            results = await asyncio.gather(
+                *(link.add_replica(r.id, r.connection, self._launch_timeout) for r in live[1:]),
+                return_exceptions=True,
+            )
+        except BaseException:
+            link.close(why)
+            raise
+        for replica, result in zip(live[1:], results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning(
+                    "kernel %s: replica %s is not linked: %s", kernel.id, replica.id, result
+                )
         kernel.execution_state = "idle"
 
-    def _on_iopub(self, kernel: KernelRecord, message: KernelMessage) -> None:
+    async def _assign(self, kernel: KernelRecord, cell: Cell) -> Assignment:
+        """Choose the replica that runs `cell`: the policy's choice among the linked replicas
+        (the previous executor first, if its host can commit the cell's GPUs)."""
+        link = kernel.link
+        linked = [r for r in kernel.replicas if link is not None and r.id in link.feeds]
+        if not linked:
+            raise KernelDead(f"kernel {kernel.id} has no live replica")
+        gpus = kernel.gpus if cell.gpus is None else cell.gpus
+        executor = next((r for r in linked if r.id == kernel.executor), None)
+        request = ExecuteRequest(
+            KernelSnapshot(
+                kernel.id,
+                gpus,
+                tuple(r.host_id for r in linked),
+                executor.host_id if executor else None,
+            ),
+            gpus,
+        )
+        decision = self._policy.choose_executor(self.snapshot(), request)
+        if isinstance(decision, RunOn):
+            replica = next(r for r in linked if r.host_id == decision.host_id)
+            return Assignment(replica.id)
+        if isinstance(decision, Reject):
+            raise NoCapacity(f"this cell {decision.reason.value} ({decision.detail})")
+        replica = executor or linked[0]
+        return Assignment(replica.id)
+
+    def _on_iopub(self, kernel: KernelRecord, replica_id: str, message: KernelMessage) -> None:
         kernel.last_activity = datetime.now(UTC)
         if message.msg_type == "status":
             try:
                 kernel.execution_state = json.loads(message.raw_content)["execution_state"]
             except (ValueError, KeyError, TypeError):
                 log.warning("kernel %s sent a status message without execution_state", kernel.id)
-        elif message.msg_type == "execute_input" and kernel.link is not None:
-            kernel.executor = kernel.link.replica_id
+        elif message.msg_type == "execute_input":
+            kernel.executor = replica_id
+            if kernel.link is not None:
+                kernel.link.set_primary(replica_id)
 
     def _running_replica(self, kernel: KernelRecord) -> ReplicaRecord:
-        """The replica the kernel is linked to: the one running its cells."""
-        if kernel.link is not None:
+        """The replica running the kernel's cell, else its last executor, else a live one."""
+        running = kernel.link.cells.current_assignment if kernel.link is not None else None
+        for wanted in (running.replica_id if running else None, kernel.executor):
             for replica in kernel.replicas:
-                if replica.id == kernel.link.replica_id and replica.state != "dead":
+                if replica.id == wanted and replica.state != "dead":
                     return replica
         return self._live_replica(kernel)
 
@@ -425,11 +482,10 @@ class KernelService:
             if not self._is_current(kernel) or lost not in kernel.replicas:
                 return  # shut down or restarted meanwhile
             kernel.lost_replicas.append(lost.id)
+            if kernel.link is not None:
+                kernel.link.remove_replica(lost.id, f"the replica running it ({lost.id}) was lost")
             try:
                 await self._forget(kernel, lost)
-                if kernel.link is not None and kernel.link.replica_id == lost.id:
-                    await self._link(kernel, why=f"the replica running it ({lost.id}) was lost")
-                    log.warning("kernel %s: failed over to %s", kernel.id, kernel.link.replica_id)
                 await self._replace(kernel, lost)
             except FleetError as e:
                 live = sum(replica.state != "dead" for replica in kernel.replicas)
@@ -475,16 +531,29 @@ class KernelService:
                 raise Conflict(f"replica {replica_id} cannot move: it is {old.state}")
             if host_id is not None:
                 self._check_migration_target(kernel, host_id)
-            await self._replace(kernel, old, host_id, old_alive=True)
-            kernel.lost_replicas.append(old.id)
-            await self._forget(kernel, old)
-            if kernel.link is not None and kernel.link.replica_id == old.id:
-                await self._link(kernel, why=f"its replica {old.id} moved")
-            await self._stop_replicas_of(kernel, [old])
-            await self._remove_member(kernel, old)
-            self.persist()
+            async with self._cells_held(kernel):
+                await self._move(kernel, old, host_id)
         log.info("kernel %s: replica %s moved", kernel_id, replica_id)
         return kernel
+
+    def _cells_held(self, kernel: KernelRecord) -> Any:
+        """No cell starts while the body runs (once the running one ended)."""
+        if kernel.link is None:
+            return contextlib.nullcontext()
+        return kernel.link.cells.paused()
+
+    async def _move(self, kernel: KernelRecord, old: ReplicaRecord, host_id: str | None) -> None:
+        """Add-first: a new replica joins and catches up, the old one stops and leaves."""
+        new = await self._replace(kernel, old, host_id, old_alive=True)
+        if kernel.executor == old.id:
+            kernel.executor = new.id  # the successor is as warm, and the policy chose its host
+        kernel.lost_replicas.append(old.id)
+        if kernel.link is not None:
+            kernel.link.remove_replica(old.id, f"its replica {old.id} moved")
+        await self._forget(kernel, old)
+        await self._stop_replicas_of(kernel, [old])
+        await self._remove_member(kernel, old)
+        self.persist()
 
     def _check_migration_target(self, kernel: KernelRecord, host_id: str) -> None:
         host = self._hosts.get(host_id)
@@ -499,7 +568,7 @@ class KernelService:
         old: ReplicaRecord,
         host_id: str | None = None,
         old_alive: bool = False,
-    ) -> None:
+    ) -> ReplicaRecord:
         """Launch a replica on `host_id` (default: where the policy places it among hosts the
         kernel does not use), swap it into the group in place of `old`, and let it catch up
         from the log (its state is ``catching-up`` until then).
@@ -531,12 +600,15 @@ class KernelService:
                 self._context, [member], kernel.raft_password, self._replication.store_root,
                 timeout, existing=existing, forget=tuple(kernel.lost_replicas),
             )  # fmt: skip
+            if kernel.link is not None:
+                await kernel.link.add_replica(new.id, new.connection, self._launch_timeout)
         except BaseException:
             kernel.replicas[index] = old
             await self._stop_replicas_of(kernel, [new])
             raise
         new.state = "ready"
         log.info("kernel %s: replica %s on %s replaced %s", kernel.id, new.id, host_id, old.id)
+        return new
 
     async def _remove_member(self, kernel: KernelRecord, gone: ReplicaRecord) -> None:
         """Take a stopped replica's address out of the group, through a live member."""

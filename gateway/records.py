@@ -86,10 +86,19 @@ class KernelRecord:
         }
 
     def fleet_model(self) -> dict[str, Any]:
+        running = self.link.cells.current_assignment if self.link is not None else None
+        replicas = [replica.fleet_model() for replica in self.replicas]
+        for model in replicas:
+            if (
+                running is not None
+                and model["id"] == running.replica_id
+                and model["state"] == "ready"
+            ):
+                model["state"] = "executing"
         return {
             "id": self.id,
             "name": self.name,
-            "replicas": [replica.fleet_model() for replica in self.replicas],
+            "replicas": replicas,
             "executor": self.executor,
         }
 

@@ -7,7 +7,6 @@ the gateway, then the hosts (which stop their kernels), then kills whatever is l
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -23,6 +22,13 @@ from traitlets import Float, Int, TraitError, Unicode, default, validate
 from traitlets.config import Application
 
 from kernelfleet import __version__
+from kernelfleet.gateway.processes import (
+    host_agent_args,
+    kill_group,
+    log_tail,
+    spawn_kernelfleet,
+    terminate,
+)
 from kernelfleet.web import new_token
 
 
@@ -96,13 +102,12 @@ class UpApp(Application):
         self.agents = [
             self._spawn(
                 f"host-{i}",
-                [
-                    "host", "--gateway", self.url, "--host-id", f"host-{i}",
-                    "--gpus", str(self.gpus_per_host), "--state-dir", f"{self.state_dir}/host-{i}",
-                ],
+                host_agent_args(
+                    self.url, f"host-{i}", self.gpus_per_host, f"{self.state_dir}/host-{i}"
+                ),
             )
             for i in range(1, self.hosts + 1)
-        ]  # fmt: skip
+        ]
         try:
             self._wait_until_up(stopping)
             print(
@@ -118,17 +123,8 @@ class UpApp(Application):
             self._stop_all()
 
     def _spawn(self, label: str, args: list[str]) -> subprocess.Popen:
-        env = {**os.environ, "KERNELFLEET_TOKEN": self.token, "PYTHONUNBUFFERED": "1"}
-        log_file = (self.logs / f"{label}.log").open("ab")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "kernelfleet", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        process.label = label  # type: ignore[attr-defined]
+        process = spawn_kernelfleet(args, self.logs / f"{label}.log", self.token)
+        process.label = label
         return process
 
     def _wait_until_up(self, stopping: list[bool]) -> None:
@@ -161,22 +157,14 @@ class UpApp(Application):
     def _fail(self, why: str) -> None:
         print(f"kernelfleet up: {why}; logs in {self.logs}/", file=sys.stderr)
         for log_file in sorted(self.logs.glob("*.log")):
-            tail = log_file.read_text(errors="replace").splitlines()[-8:]
+            tail = log_tail(log_file)
             if tail:
-                print(f"--- {log_file.name} (last lines)", *tail, sep="\n", file=sys.stderr)
+                print(f"--- {log_file.name} (last lines)", tail, sep="\n", file=sys.stderr)
         self.exit(1)
 
     def _stop_all(self) -> None:
         """Gateway first (it stops the kernels through the hosts), then the hosts, then kill."""
         for group in ([self.gateway], self.agents):
-            for process in group:
-                if process.poll() is None:
-                    process.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + self.stop_timeout
-            for process in group:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(max(0.0, deadline - time.monotonic()))
+            terminate(group, self.stop_timeout)
         for process in [self.gateway, *self.agents]:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            kill_group(process)

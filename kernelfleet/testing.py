@@ -8,6 +8,7 @@ ephemeral ports; ``fleet`` is one shared 3-host fleet for tests that do not brea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -169,7 +170,14 @@ class Fleet:
         self.start_gateway(*self.gateway_args, *args, port=port)
 
     def signal_host(self, host_id: str, signum: int = signal.SIGKILL) -> None:
-        os.killpg(self.hosts[host_id].pid, signum)
+        """Signal a host agent and every process under it, its kernels included, as when
+        the machine is lost (kernels run in sessions of their own)."""
+        agent = self.hosts[host_id].pid
+        below = descendants(agent)
+        os.killpg(agent, signum)
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
         self.hosts[host_id].wait(10)
 
     def stop(self) -> None:
@@ -184,6 +192,24 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids of every live process below `pid` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
 
 
 def start_fleet(

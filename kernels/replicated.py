@@ -37,6 +37,7 @@ import asyncio
 import os
 import sys
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ PUBLISH_DEADLINE = 30.0  # seconds to get a cell's delta committed (leader chang
 LEAD_DEADLINE = 5.0  # seconds to commit the LEAD proposal before refusing the cell
 MEMBERSHIP_DEADLINE = 10.0  # seconds to get a membership change through pysyncobj's refusals
 OWED_DELTA_WAIT = 15.0  # seconds to wait for another replica's owed delta before going on
+CELLS_REMEMBERED = 10_000  # cells whose executor is remembered, to refuse a duplicate
 
 
 @dataclass
@@ -83,6 +85,8 @@ class ReplicatedKernel(IPythonKernel):
         self.publishing: asyncio.Future[None] | None = None
         self.owing: set[str] = set()  # replicas whose LEAD awaits their StateDelta
         self.forgotten: set[str] = set()  # lost replicas: whatever they owed never comes
+        self.cell_leads: OrderedDict[tuple[str, int], str] = OrderedDict()
+        """(cell, attempt) -> the replica whose LEAD committed first: the cell's executor."""
         self.settled = asyncio.Event()
         self.settled.set()
 
@@ -183,15 +187,33 @@ class ReplicatedKernel(IPythonKernel):
         if group is None:
             await super().execute_request(stream, ident, parent)
             return
+        cell_id = parent["header"]["msg_id"]
+        options = _cell_options(parent)
+        attempt = int(options.get("attempt", 0))
+        if options.get("role") == "yield":
+            self._yield(group, cell_id, attempt)
+            self._reply_aborted(stream, ident, parent, f"cell runs on {options.get('executor')}")
+            return
+        if (cell_id, attempt) in self.cell_leads:
+            ran_on = self.cell_leads[(cell_id, attempt)]
+            self.log.warning("cell %s already ran on replica %s; not again", cell_id, ran_on)
+            self._reply_aborted(stream, ident, parent, f"cell already ran on {ran_on}")
+            return
         if self.publishing is not None:
             await self.publishing  # this replica's previous delta goes first
-        cell_id = parent["header"]["msg_id"]
-        lead = Proposal(cell_id=cell_id, replica_id=self.replica_id, role=Role.LEAD)
+        lead = Proposal(
+            cell_id=cell_id, replica_id=self.replica_id, role=Role.LEAD, attempt=attempt
+        )
         try:
             await group.raft.append_with_retry(lead, time.monotonic() + LEAD_DEADLINE)
         except Exception as e:
             self.log.error("replica %s cannot lead cell %s: %s", self.replica_id, cell_id, e)
             self._refuse(stream, ident, parent, f"this replica cannot reach its group ({e})")
+            return
+        winner = self.cell_leads.get((cell_id, attempt), self.replica_id)
+        if winner != self.replica_id:
+            self.log.warning("cell %s already ran on replica %s; not again", cell_id, winner)
+            self._reply_aborted(stream, ident, parent, f"cell already ran on {winner}")
             return
         await self._wait_for_owed_deltas()
         await super().execute_request(stream, ident, parent)
@@ -211,6 +233,20 @@ class ReplicatedKernel(IPythonKernel):
             )
             self.owing.clear()
             self.settled.set()
+
+    def _yield(self, group: _Group, cell_id: str, attempt: int) -> None:
+        """Record in the log that this replica yields `cell_id` (off the critical path)."""
+        entry = Proposal(
+            cell_id=cell_id, replica_id=self.replica_id, role=Role.YIELD, attempt=attempt
+        )
+        task = asyncio.ensure_future(group.raft.append_with_retry(entry, time.monotonic() + 5))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def _reply_aborted(self, stream: Any, ident: Any, parent: dict, why: str) -> None:
+        """Answer a cell this replica does not run (the gateway drops this reply)."""
+        content = {"status": "aborted", "execution_count": None, "kernelfleet": why}
+        assert self.session is not None
+        self.session.send(stream, "execute_reply", content, parent, ident)
 
     def _refuse(self, stream: Any, ident: Any, parent: dict, why: str) -> None:
         content = {
@@ -257,6 +293,9 @@ class ReplicatedKernel(IPythonKernel):
         if group is None:
             return
         if isinstance(entry, Proposal) and entry.role is Role.LEAD:
+            self.cell_leads.setdefault((entry.cell_id, entry.attempt), entry.replica_id)
+            while len(self.cell_leads) > CELLS_REMEMBERED:
+                self.cell_leads.popitem(last=False)
             if entry.replica_id in self.forgotten:
                 return
             self.owing.add(entry.replica_id)
@@ -283,6 +322,13 @@ class ReplicatedKernel(IPythonKernel):
         except ApplyFailed as e:
             self.log.error("replica %s: entry %d applied in part: %s", self.replica_id, index, e)
         shell.execution_count = entry.execution_count
+
+
+def _cell_options(parent: dict) -> dict[str, Any]:
+    """The gateway's ``kernelfleet`` metadata of an execute_request (role, executor, devices)."""
+    metadata = parent.get("metadata")
+    options = metadata.get("kernelfleet") if isinstance(metadata, dict) else None
+    return options if isinstance(options, dict) else {}
 
 
 def main() -> None:

@@ -252,10 +252,11 @@ async def test_a_replica_migrates_to_a_named_host_and_the_kernel_keeps_its_state
     assert moving not in {replica["id"] for replica in moved["replicas"]}
     assert free in {replica["host"] for replica in moved["replicas"]}
     assert all(replica["state"] == "ready" for replica in moved["replicas"])
-    await asyncio.wait_for(read_until_closed(client.ws), 10)
-    client = await fleet.connect(kernel_id)
-    assert (await client.execute("print(kept)")).stdout == "[1, 2, 3]\n"
-    assert executor_host(fleet, kernel_id) == free, "the moved replica runs the kernel"
+    assert (await client.execute("kept.append(4); print(kept)")).stdout == "[1, 2, 3, 4]\n"
+    assert executor_host(fleet, kernel_id) == free, "the executor's successor runs the kernel"
+    replicas = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+    digests = {await replica_digest(fleet, replica) for replica in replicas}
+    assert len(digests) == 1, "a newcomer that executed a cell leaves every replica equal"
     client.close()
     fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
@@ -283,9 +284,7 @@ async def test_losing_the_executor_mid_cell_then_between_cells_loses_no_state(re
     assert result.reply["status"] == "error"
     assert result.reply["ename"] == "ReplicaLost"
     assert heard < 20, "the client hears of the loss within seconds"
-    await asyncio.wait_for(read_until_closed(client.ws), 10)
 
-    client = await fleet.connect(first)
     after = await client.execute(CHECK)
     recovered = time.monotonic() - started
     print(f"\nexecutor lost mid-cell: error after {heard:.1f} s, next cell done {recovered:.1f} s")
@@ -315,14 +314,7 @@ async def test_losing_the_executor_mid_cell_then_between_cells_loses_no_state(re
     running_on = executor_host(fleet, first)
     lost_again = time.monotonic()
     fleet.signal_host(running_on, signal.SIGKILL)
-    await asyncio.wait_for(read_until_closed(client.ws), 20)
-    wait_for(
-        lambda: fleet.api("GET", f"/api/kernels/{first}")["execution_state"] == "idle",
-        10,
-        "the kernel to run on a survivor",
-    )
-    client = await fleet.connect(first)
-    assert (await client.execute(CHECK)).stdout == EXPECTED
+    assert (await client.execute(CHECK, timeout=30)).stdout == EXPECTED
     print(f"executor lost between cells: next cell done {time.monotonic() - lost_again:.1f} s")
-    assert executor_host(fleet, first) == new["host"], "the caught-up replacement ran the cell"
+    assert executor_host(fleet, first) in {new["host"], *view_hosts} - {lost, running_on}
     client.close()

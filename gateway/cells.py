@@ -1,0 +1,247 @@
+"""A kernel's cells, run one at a time in arrival order, each on the replica chosen for it.
+
+Jupyter clients may send several ``execute_request`` messages at once (Run All). A kernel runs
+them one after the other; here the gateway keeps that queue itself, because the replica and the
+GPUs of a cell are chosen only when the cell is next: the previous cell's executor has then
+released its GPUs, and a cell that must wait for GPUs waits here, visibly, where an interrupt
+can cancel it.
+
+`CellQueue` knows nothing of GPUs or policies. Its owner supplies `Assign`, an async callable
+that returns the `Assignment` of a cell (which replica, which devices, how to release them) and
+may take its time; it reports why it waits through the `Cell.say` callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernelfleet.errors import FleetError, InvalidRequest
+from kernelfleet.gateway.framing import ClientMessage
+
+log = logging.getLogger("kernelfleet.gateway.cells")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where a cell runs: `replica_id`, bound to `devices` (GPU ids on its host) while it runs.
+
+    `release` gives the devices back; the queue calls it exactly once, when the cell ends.
+    """
+
+    replica_id: str
+    devices: tuple[str, ...] = ()
+    release: Callable[[], None] = field(default=lambda: None, compare=False)
+
+
+@dataclass
+class Cell:
+    """One ``execute_request`` from one client, from arrival to its end."""
+
+    message: ClientMessage
+    client: Any
+    """The `ClientLink` it came from (and whose sockets it is sent through)."""
+    gpus: int | None
+    """The cell's own GPU need (execute_request metadata ``kernelfleet.gpus``), or None."""
+    stop_on_error: bool
+    received_at: float
+    started: asyncio.Future[Assignment] = field(default_factory=asyncio.Future)
+    ended: asyncio.Future[str] = field(default_factory=asyncio.Future)
+    """Resolves to the reply's status ("ok", "error", "aborted"), "idle", "lost" (its replica
+    was lost while it ran) or "retry" (its replica was lost before the cell began)."""
+    attempt: int = 0
+    """Raised each time the cell is sent again because its replica was lost before it began."""
+    running: bool = False
+    """Whether its replica began it (announced the code with ``execute_input``)."""
+    status_shown: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.message.msg_id
+
+    def say(self, text: str) -> None:
+        """Show `text` in the cell's output (why it waits); replaces what was said before."""
+        self.client.show_cell_status(self, text)
+
+
+Assign = Callable[[Cell], Awaitable[Assignment]]
+Dispatch = Callable[[Cell, Assignment], Awaitable[None]]
+
+
+def cell_gpus(message: ClientMessage) -> int | None:
+    """The GPU count a cell asks for in its metadata (``{"kernelfleet": {"gpus": N}}``)."""
+    try:
+        metadata = json.loads(message.parts[2])
+    except ValueError:
+        raise InvalidRequest("the execute_request metadata is not JSON") from None
+    options = metadata.get("kernelfleet") if isinstance(metadata, dict) else None
+    if not isinstance(options, dict) or options.get("gpus") is None:
+        return None
+    gpus = options["gpus"]
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise InvalidRequest(f"kernelfleet.gpus must be a non-negative integer, not {gpus!r}")
+    return gpus
+
+
+def stops_on_error(message: ClientMessage) -> bool:
+    try:
+        content = json.loads(message.parts[3])
+    except ValueError:
+        return True
+    return bool(content.get("stop_on_error", True)) if isinstance(content, dict) else True
+
+
+class CellQueue:
+    """Runs one kernel's cells in arrival order: assign, dispatch, wait for the end, release."""
+
+    def __init__(self, kernel_id: str, assign: Assign, dispatch: Dispatch) -> None:
+        self.kernel_id = kernel_id
+        self._assign = assign
+        self._dispatch = dispatch
+        self._waiting: deque[Cell] = deque()
+        self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._paused = 0
+        self.current: Cell | None = None
+        self.current_assignment: Assignment | None = None
+        self._assigning: asyncio.Task[Assignment] | None = None
+        self._runner = asyncio.ensure_future(self._run())
+
+    def submit(self, cell: Cell) -> None:
+        self._waiting.append(cell)
+        self._idle.clear()
+        self._wakeup.set()
+
+    @property
+    def length(self) -> int:
+        return len(self._waiting) + (self.current is not None and not self.current.started.done())
+
+    def cancel_waiting(self, why: str) -> int:
+        """Cancel every cell not yet sent to a replica (an interrupt); returns how many."""
+        cancelled = 0
+        if self.current is not None and self._assigning is not None:
+            self._assigning.cancel()
+            cancelled += 1
+        while self._waiting:
+            self._end_unsent(self._waiting.popleft(), "KeyboardInterrupt", why)
+            cancelled += 1
+        return cancelled
+
+    def finish(self, cell_id: str, status: str, replica_id: str | None = None) -> None:
+        """The cell `cell_id` ended with `status` (on `replica_id`, if given); ignored if it is
+        not the running cell, or ran elsewhere."""
+        cell, assignment = self.current, self.current_assignment
+        if cell is None or cell.id != cell_id or assignment is None:
+            return
+        if replica_id is not None and replica_id != assignment.replica_id:
+            return
+        if not cell.ended.done():
+            cell.ended.set_result(status)
+
+    def mark_running(self, cell_id: str, replica_id: str) -> None:
+        cell, assignment = self.current, self.current_assignment
+        if cell is not None and cell.id == cell_id and assignment is not None:
+            cell.running = cell.running or assignment.replica_id == replica_id
+
+    def replica_lost(self, replica_id: str) -> str | None:
+        """`replica_id` is gone. A cell it was running ends as lost; one it had not begun is
+        sent again elsewhere, and its id is returned (its client must not hear of the loss)."""
+        cell, assignment = self.current, self.current_assignment
+        if cell is None or assignment is None or assignment.replica_id != replica_id:
+            return None
+        if cell.running:
+            self.finish(cell.id, "lost")
+            return None
+        self.finish(cell.id, "retry")
+        return cell.id
+
+    @contextlib.asynccontextmanager
+    async def paused(self):  # type: ignore[no-untyped-def]
+        """Hold new cells while the body runs, once the running one (if any) has ended."""
+        self._paused += 1
+        try:
+            while self.current is not None and self.current.started.done():
+                await asyncio.shield(self.current.ended)
+            yield
+        finally:
+            self._paused -= 1
+            self._wakeup.set()
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    def close(self, why: str) -> None:
+        """Stop: cells not yet sent get an error reply saying `why`."""
+        self._runner.cancel()
+        if self._assigning is not None:
+            self._assigning.cancel()
+        for cell in [*self._waiting, *([self.current] if self.current else [])]:
+            if not cell.started.done():
+                self._end_unsent(cell, "KernelUnavailable", why)
+        self._waiting.clear()
+
+    async def _run(self) -> None:
+        while True:
+            while not self._waiting or self._paused:
+                if not self._waiting:
+                    self._idle.set()
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            cell = self._waiting.popleft()
+            self.current = cell
+            try:
+                await self._run_cell(cell)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("kernel %s: cell %s failed in the gateway", self.kernel_id, cell.id)
+            finally:
+                self.current = None
+                self.current_assignment = None
+
+    async def _run_cell(self, cell: Cell) -> None:
+        while True:
+            self._assigning = asyncio.ensure_future(self._assign(cell))
+            try:
+                assignment = await self._assigning
+            except asyncio.CancelledError:
+                if self._runner.cancelled():
+                    raise
+                self._end_unsent(cell, "KeyboardInterrupt", "interrupted while waiting to run")
+                return
+            except FleetError as e:
+                self._end_unsent(cell, type(e).__name__, e.message)
+                return
+            finally:
+                self._assigning = None
+            self.current_assignment = assignment
+            try:
+                if not cell.started.done():
+                    cell.started.set_result(assignment)
+                await self._dispatch(cell, assignment)
+                status = await cell.ended
+            finally:
+                assignment.release()
+            if status != "retry":
+                break
+            log.warning("kernel %s: cell %s is sent again", self.kernel_id, cell.id)
+            cell.attempt += 1
+            cell.ended = asyncio.get_running_loop().create_future()
+            self.current_assignment = None
+        if status == "error" and cell.stop_on_error:
+            for later in [c for c in self._waiting if c.client is cell.client and c.stop_on_error]:
+                self._waiting.remove(later)
+                self._end_unsent(later, "aborted", "")
+
+    def _end_unsent(self, cell: Cell, ename: str, why: str) -> None:
+        """Answer a cell that never reached a replica: an error (or aborted) reply, then idle."""
+        if not cell.ended.done():
+            cell.ended.set_result("aborted" if ename == "aborted" else "error")
+        cell.client.end_unsent_cell(cell, ename, why)
