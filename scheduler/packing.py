@@ -1,0 +1,84 @@
+"""``packing``: NotebookOS's replicated, per-cell design with best-fit GPU packing (ours).
+
+NotebookOS spreads cells: a cell runs on its previous executor, else on the replica host with
+the *most* idle GPUs, and a migration goes to the *least* loaded host. Spreading leaves a
+little free on every host, so an 8-GPU cell often fits nowhere (a scale-out on its critical
+path) and no host is ever fully idle to be released. ``packing`` does the opposite:
+
+- a cell runs on the replica host with the *fewest* idle GPUs that still fit it (its previous
+  executor on a tie), so whole hosts stay free for large cells and for scale-in;
+- a migration goes to the host with the fewest idle GPUs that fit (then fewest replicas);
+- the autoscaler is NotebookOS's formula with the same headroom but no buffer host
+  (``buffer_hosts``, 0 by default): with load packed, the free capacity the headroom keeps
+  is in whole hosts, which is what the buffer host was for.
+
+Placement and admission are NotebookOS's. Pure, like every policy: decisions depend only on
+the snapshot and the request; ties are broken by host id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kernelfleet.scheduler.autoscale import AutoscaleConfig
+from kernelfleet.scheduler.decisions import (
+    ExecutorDecision,
+    Migrate,
+    Queue,
+    QueueReason,
+    Reject,
+    RejectReason,
+    RunOn,
+    ScaleOut,
+)
+from kernelfleet.scheduler.policies import (
+    NotebookOSPolicy,
+    _hosts,
+    _migration_source,
+    _too_large,
+)
+from kernelfleet.scheduler.policy import ExecuteRequest
+from kernelfleet.scheduler.snapshot import FleetSnapshot, HostSnapshot
+
+
+class PackingPolicy(NotebookOSPolicy):
+    """NotebookOS with best-fit executor choice and migration targets, and no buffer host."""
+
+    name = "packing"
+
+    def __init__(self, autoscaling: AutoscaleConfig | None = None, buffer_hosts: int = 0) -> None:
+        super().__init__(replace(autoscaling or AutoscaleConfig(), buffer_hosts=buffer_hosts))
+
+    def choose_executor(self, snapshot: FleetSnapshot, request: ExecuteRequest) -> ExecutorDecision:
+        """The replica host with the fewest idle GPUs that can commit the cell's (previous
+        executor first on a tie); else migrate the replica on the busiest host to
+        `best_fit_target`; else scale out (or wait for hosts already being added)."""
+        kernel = request.kernel
+        if not kernel.replica_hosts:
+            return Reject(RejectReason.NO_REPLICAS, f"kernel {kernel.id} has no replica")
+        too_large = _too_large(snapshot, request.gpus)
+        if too_large is not None:
+            return too_large
+        replicas = _hosts(snapshot, kernel.replica_hosts)
+        able = [host for host in replicas if host.can_commit(request.gpus)]
+        if able:
+            best = min(able, key=lambda h: (h.gpus_idle, h.id != kernel.executor_host, h.id))
+            return RunOn(best.id)
+        target = best_fit_target(snapshot, request.gpus, exclude=kernel.replica_hosts)
+        if target is not None:
+            source = _migration_source(replicas, kernel.replica_hosts, kernel.executor_host)
+            return Migrate(from_host=source, to_host=target.id)
+        if snapshot.hosts_pending > 0 or snapshot.gpus_per_host <= 0:
+            return Queue(QueueReason.WAITING_FOR_GPUS, f"waiting for {request.gpus} GPU(s)")
+        return ScaleOut(1)
+
+
+def best_fit_target(
+    snapshot: FleetSnapshot, gpus: int, exclude: tuple[str, ...] = ()
+) -> HostSnapshot | None:
+    """The alive host, not in `exclude`, that can commit `gpus` with the fewest idle GPUs left
+    (then fewest replicas, then id); None if no host can."""
+    able = [h for h in snapshot.alive_hosts() if h.id not in exclude and h.can_commit(gpus)]
+    if not able:
+        return None
+    return min(able, key=lambda h: (h.gpus_idle, h.replicas, h.id))
