@@ -1,0 +1,228 @@
+"""The autoscaler: executes the policy's autoscaling decisions through a `HostProvider`.
+
+Each round (`run_once`) takes a fresh `FleetSnapshot`, asks ``policy.autoscale`` and acts:
+
+- `ScaleOut(n)`: start up to `n` hosts, within ``max_hosts`` (alive and pending hosts count);
+- `ScaleIn(ids)`: a chosen host this provider did not start (started by hand, say) is swapped
+  for the provider's idle host with the fewest replicas that was not chosen, if any. Then for
+  each host, within ``min_hosts``: skip it if it has a committed GPU (or is still not the
+  provider's); if it holds replicas, ``await drain(host_id)`` (the caller migrates them away)
+  and re-check that it holds none; then stop it.
+
+A decision is acted on only once the policy gave the same kind of decision ``patience`` rounds
+in a row (sustained demand, not a blip), and no sooner than ``cooldown`` seconds after the last
+round that started or stopped a host. Hosts the provider started that the snapshot does not yet
+show alive count as pending; hosts stopped here are shown dead until the snapshot forgets them
+(the gateway notices only when their heartbeats stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from kernelfleet.errors import FleetError
+from kernelfleet.gateway.host_provider import HostProvider
+from kernelfleet.gateway.metrics import FleetMetrics
+from kernelfleet.scheduler.decisions import AutoscaleDecision, Hold, ScaleIn, ScaleOut
+from kernelfleet.scheduler.policy import Policy
+from kernelfleet.scheduler.snapshot import FleetSnapshot
+
+log = logging.getLogger("kernelfleet.gateway.autoscaler")
+
+
+@dataclass(frozen=True)
+class AutoscaleRound:
+    """What one round decided and did. ``skipped`` pairs a host id (or ``"scale-out"``) with
+    why it was not acted on."""
+
+    decision: AutoscaleDecision
+    started: tuple[str, ...] = ()
+    stopped: tuple[str, ...] = ()
+    skipped: tuple[tuple[str, str], ...] = ()
+
+
+class Autoscaler:
+    """Runs autoscaling rounds; see the module docstring. One round at a time."""
+
+    def __init__(
+        self,
+        snapshot: Callable[[], FleetSnapshot],
+        policy: Policy,
+        provider: HostProvider,
+        drain: Callable[[str], Awaitable[None]],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        cooldown: float = 60.0,
+        patience: int = 1,
+        min_hosts: int = 0,
+        max_hosts: int = 0,
+        metrics: FleetMetrics | None = None,
+    ) -> None:
+        if patience < 1 or cooldown < 0 or min_hosts < 0 or max_hosts < 0:
+            raise ValueError("patience must be >= 1; cooldown and host limits >= 0")
+        if max_hosts and min_hosts > max_hosts:
+            raise ValueError(f"min_hosts {min_hosts} exceeds max_hosts {max_hosts}")
+        self._snapshot = snapshot
+        self.policy = policy
+        self.provider = provider
+        self._drain = drain
+        self._clock = clock
+        self.cooldown = cooldown
+        self.patience = patience
+        self.min_hosts = min_hosts
+        self.max_hosts = max_hosts
+        self._metrics = metrics
+        self._lock = asyncio.Lock()
+        self._last_action: float | None = None
+        self._streak: tuple[type, int] = (Hold, 0)
+        self._stopped: set[str] = set()
+
+    def snapshot(self) -> FleetSnapshot:
+        """The caller's snapshot, completed with what only the autoscaler knows: hosts it is
+        adding (pending), hosts it stopped (dead) and the size of a new host."""
+        snapshot = self._snapshot()
+        shown = {host.id for host in snapshot.hosts}
+        self._stopped &= shown  # forgotten by the gateway: nothing left to hide
+        alive = {host.id for host in snapshot.hosts if host.alive and host.id not in self._stopped}
+        pending = sum(1 for host_id in self.provider.hosts() if host_id not in alive)
+        hosts = tuple(
+            dataclasses.replace(host, alive=False) if host.id in self._stopped else host
+            for host in snapshot.hosts
+        )
+        return dataclasses.replace(
+            snapshot,
+            hosts=hosts,
+            hosts_pending=max(snapshot.hosts_pending, pending),
+            gpus_per_host=snapshot.gpus_per_host or self.provider.gpus_per_host,
+        )
+
+    async def run_once(self) -> AutoscaleRound:
+        """One round: decide, then act if patience and cooldown allow."""
+        async with self._lock:
+            snapshot = self.snapshot()
+            decision = self.policy.autoscale(snapshot)
+            kind, count = self._streak
+            self._streak = (type(decision), count + 1 if type(decision) is kind else 1)
+            if isinstance(decision, Hold):
+                return AutoscaleRound(decision)
+            if self._streak[1] < self.patience:
+                why = f"decided {self._streak[1]} of {self.patience} rounds in a row"
+                return AutoscaleRound(decision, skipped=(("round", why),))
+            now = self._clock()
+            if self._last_action is not None and now - self._last_action < self.cooldown:
+                why = f"cooling down until {self._last_action + self.cooldown:.1f}"
+                return AutoscaleRound(decision, skipped=(("round", why),))
+            if isinstance(decision, ScaleOut):
+                result = await self._scale_out(snapshot, decision)
+            else:
+                result = await self._scale_in(snapshot, decision)
+            if result.started or result.stopped:
+                self._last_action = self._clock()
+                self._streak = (Hold, 0)
+            return result
+
+    async def run(self, interval: float, stop: asyncio.Event) -> None:
+        """Run a round every `interval` seconds until `stop` is set; a failed round is logged."""
+        while not stop.is_set():
+            try:
+                result = await self.run_once()
+                for subject, why in result.skipped:
+                    log.debug("autoscaler skipped %s: %s", subject, why)
+            except Exception:
+                log.exception("autoscaling round failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+
+    async def _scale_out(self, snapshot: FleetSnapshot, decision: ScaleOut) -> AutoscaleRound:
+        have = len(snapshot.alive_hosts()) + snapshot.hosts_pending
+        wanted = decision.hosts
+        skipped: list[tuple[str, str]] = []
+        if self.max_hosts:
+            room = max(0, self.max_hosts - have)
+            if room < wanted:
+                skipped.append(("scale-out", f"{wanted - room} host(s) over max_hosts"))
+            wanted = min(wanted, room)
+        outcomes = await asyncio.gather(
+            *(self.provider.start_host() for _ in range(wanted)), return_exceptions=True
+        )
+        started = []
+        for outcome in outcomes:
+            if isinstance(outcome, FleetError):
+                log.warning("could not add a host: %s", outcome.message)
+                skipped.append(("scale-out", outcome.message))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                started.append(outcome)
+                self._stopped.discard(outcome)
+        if started:
+            log.info("scaled out: started %s", ", ".join(started))
+            if self._metrics is not None:
+                self._metrics.hosts_added.inc(len(started))
+        return AutoscaleRound(decision, started=tuple(started), skipped=tuple(skipped))
+
+    async def _scale_in(self, snapshot: FleetSnapshot, decision: ScaleIn) -> AutoscaleRound:
+        alive = len(snapshot.alive_hosts())
+        stopped: list[str] = []
+        skipped: list[tuple[str, str]] = []
+        for host_id in self._removable(snapshot, decision.host_ids):
+            if alive - len(stopped) <= self.min_hosts:
+                skipped.append((host_id, f"the fleet is at min_hosts ({self.min_hosts})"))
+                continue
+            why = await self._release(snapshot, host_id)
+            if why:
+                skipped.append((host_id, why))
+                continue
+            self._stopped.add(host_id)
+            stopped.append(host_id)
+        if stopped:
+            log.info("scaled in: stopped %s", ", ".join(stopped))
+            if self._metrics is not None:
+                self._metrics.hosts_removed.inc(len(stopped))
+        return AutoscaleRound(decision, stopped=tuple(stopped), skipped=tuple(skipped))
+
+    def _removable(self, snapshot: FleetSnapshot, chosen: tuple[str, ...]) -> list[str]:
+        """The policy's choice, with each host the provider did not start swapped for the
+        provider's idle host with the fewest replicas (then by id) that was not chosen."""
+        ours = set(self.provider.hosts())
+        spares = sorted(
+            (
+                host
+                for host in snapshot.alive_hosts()
+                if host.id in ours and host.id not in chosen and host.gpus_committed == 0
+            ),
+            key=lambda host: (host.replicas, host.id),
+        )
+        result = []
+        for host_id in chosen:
+            if host_id not in ours and spares:
+                host_id = spares.pop(0).id
+            result.append(host_id)
+        return result
+
+    async def _release(self, snapshot: FleetSnapshot, host_id: str) -> str:
+        """Drain and stop one host; the reason it was left running, or "" once it is stopped."""
+        if host_id not in self.provider.hosts():
+            return "not started by this autoscaler's provider"
+        host = snapshot.host(host_id)
+        if host is not None and host.gpus_committed > 0:
+            return f"{host.gpus_committed} GPU(s) committed"
+        if host is not None and host.replicas > 0:
+            try:
+                await self._drain(host_id)
+            except FleetError as e:
+                return f"draining failed: {e.message}"
+            after = self.snapshot().host(host_id)
+            if after is not None and (after.replicas > 0 or after.gpus_committed > 0):
+                return f"still holds {after.replicas} replica(s) after draining"
+        try:
+            await self.provider.stop_host(host_id)
+        except FleetError as e:
+            return f"stopping failed: {e.message}"
+        return ""

@@ -1,0 +1,124 @@
+"""Local host agents started and stopped by the provider and the autoscaler, against a real
+gateway (subprocesses, real registration and heartbeats)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kernelfleet.errors import HostLimitReached, HostUnavailable, NotFound
+from kernelfleet.gateway.autoscaler import Autoscaler
+from kernelfleet.gateway.host_provider import LocalProcessHostProvider
+from kernelfleet.gateway.metrics import FleetMetrics
+from kernelfleet.scheduler import AutoscaleConfig, FleetSnapshot, HostSnapshot, ScaleIn, ScaleOut
+from kernelfleet.scheduler.policies import NotebookOSPolicy
+from kernelfleet.testing import TOKEN, Fleet
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+
+
+async def eventually(predicate, within: float, what: str):
+    deadline = time.monotonic() + within
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {within:.0f} s waiting for {what}")
+        await asyncio.sleep(0.1)
+    return value
+
+
+@pytest.fixture
+def small_fleet(tmp_path: Path) -> Iterator[Fleet]:
+    """A gateway that marks a host lost after 1.5 s of silence, and one hand-started host."""
+    fleet = Fleet(state_dir=tmp_path, token=TOKEN, env={})
+    try:
+        fleet.start_gateway("--replicas", "1", "--GatewayApp.heartbeat_timeout=1.5")
+        fleet.start_host("host-1", 1)
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def hosts_of(fleet: Fleet) -> dict[str, dict]:
+    return {host["id"]: host for host in fleet.api("GET", "/api/fleet/hosts")}
+
+
+async def test_the_autoscaler_adds_a_host_under_demand_and_removes_it_when_idle(
+    small_fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet = small_fleet
+    provider = LocalProcessHostProvider(
+        fleet.url, fleet.token, tmp_path / "provided", gpus_per_host=1, max_hosts=1
+    )
+    waiting = {"gpus": 2}
+
+    def snapshot() -> FleetSnapshot:
+        hosts = tuple(
+            HostSnapshot(
+                host["id"],
+                host["gpus"]["total"],
+                host["gpus"]["subscribed"],
+                host["gpus"]["committed"],
+                alive=host["state"] == "alive",
+            )
+            for host in hosts_of(fleet).values()
+        )
+        return FleetSnapshot(hosts=hosts, gpus_waiting=waiting["gpus"])
+
+    async def drain(host_id: str) -> None:
+        raise AssertionError(f"{host_id} holds no replica: nothing to drain")
+
+    metrics = FleetMetrics()
+    config = AutoscaleConfig(headroom=1.0, buffer_hosts=0, min_hosts=1)
+    scaler = Autoscaler(
+        snapshot, NotebookOSPolicy(config), provider, drain, cooldown=0, metrics=metrics
+    )
+    try:
+        grown = await scaler.run_once()
+        assert grown.decision == ScaleOut(1)
+        assert grown.started == ("auto-1",)
+        added = await eventually(
+            lambda: hosts_of(fleet).get("auto-1", {}).get("state") == "alive",
+            10,
+            "auto-1 to register",
+        )
+        assert added
+        assert hosts_of(fleet)["auto-1"]["gpus"]["total"] == 1
+        assert (tmp_path / "provided" / "logs" / "auto-1.log").exists()
+        with pytest.raises(HostLimitReached):
+            await provider.start_host()
+
+        assert (await scaler.run_once()).started == ()  # 2 hosts for 2 GPUs: enough
+        process = provider.process("auto-1")
+        waiting["gpus"] = 0
+        shrunk = await scaler.run_once()
+        assert shrunk.decision == ScaleIn(("auto-1",))
+        assert shrunk.stopped == ("auto-1",)
+        assert provider.hosts() == ()
+        assert process.poll() is not None
+        await eventually(
+            lambda: hosts_of(fleet)["auto-1"]["state"] == "lost", 10, "auto-1 to be lost"
+        )
+        assert hosts_of(fleet)["host-1"]["state"] == "alive"
+        assert metrics.hosts_added.value == 1
+        assert metrics.hosts_removed.value == 1
+        assert (await scaler.run_once()).stopped == ()
+    finally:
+        await provider.close()
+
+
+async def test_a_host_that_cannot_start_is_reported_with_its_log(
+    small_fleet: Fleet, tmp_path: Path
+) -> None:
+    provider = LocalProcessHostProvider(
+        small_fleet.url, small_fleet.token, tmp_path / "bad", extra_args=["--port", "99999"]
+    )
+    with pytest.raises(HostUnavailable, match="exited with code") as failed:
+        await provider.start_host()
+    assert "port must be between 0 and 65535" in failed.value.message
+    assert provider.hosts() == ()
+    with pytest.raises(NotFound):
+        await provider.stop_host("auto-1")
