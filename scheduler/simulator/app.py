@@ -133,6 +133,12 @@ class SimulateApp(Application):
         if self.progress:
             print(file=sys.stderr)
         print(results_table(results))
+        for result in results.values():
+            if result.rejected_events:
+                print(
+                    f"{result.policy}: {result.rejected_events:,} event(s) rejected, not "
+                    f"simulated; first: {'; '.join(result.rejections[:3])}"
+                )
         print(f"({len(policies)} policies simulated in {elapsed:.1f} s)")
         if self.json_path:
             text = json.dumps(as_document(config, results), indent=2)
@@ -150,7 +156,8 @@ class SimulateApp(Application):
             now = time.monotonic()
             if now - last[0] >= 0.5:
                 last[0] = now
-                sys.stderr.write(f"\rsimulating {name}: {fraction:4.0%} of sessions done")
+                bar = "#" * int(fraction * 30)
+                sys.stderr.write(f"\rsimulating {name:<12} [{bar:<30}] {fraction:4.0%} of sessions")
                 sys.stderr.flush()
 
         return show

@@ -163,6 +163,8 @@ class Simulation:
             log.debug("session %d rejected: %s", session.trace.id, decision.detail)
             self.result.rejected_sessions += 1
             self.result.rejected_events += len(session.trace.events) - session.next_cell
+            for event in session.trace.events[session.next_cell :]:
+                self.result.note_rejection(event.line, decision.reason.value, decision.detail)
             session.move(SessionState.ENDED)
             self._remaining -= 1
             return True
@@ -210,6 +212,8 @@ class Simulation:
         if isinstance(decision, Reject):
             log.debug("cell %d of session %d rejected", index, session.trace.id)
             self.result.rejected_events += 1
+            line = session.trace.events[index].line
+            self.result.note_rejection(line, decision.reason.value, decision.detail)
             self._next_cell(session, index, self.now)
             return True
         if isinstance(decision, ScaleOut):

@@ -53,6 +53,7 @@ class PolicyResult:
     scale_ins: int = 0
     rejected_events: int = 0
     rejected_sessions: int = 0
+    rejections: list[str] = field(default_factory=list)  # "line N: why", the first few
     end_s: float = 0.0
     gpu_hours_provisioned: float = 0.0
     gpu_hours_committed: float = 0.0
@@ -61,6 +62,12 @@ class PolicyResult:
     delays_s: list[float] = field(default_factory=list)
     provisioned_history: list[tuple[float, float]] = field(default_factory=list)
     busy_history: list[tuple[float, float]] = field(default_factory=list)
+
+    def note_rejection(self, line: int, reason: str, detail: str = "") -> None:
+        """Remember why the event on trace line `line` was refused (the first 20 are kept;
+        ``rejected_events`` counts them all)."""
+        if len(self.rejections) < 20:
+            self.rejections.append(f"line {line}: {reason}" + (f" ({detail})" if detail else ""))
 
     def start_delay(self) -> dict[str, float]:
         ordered = sorted(self.delays_s)

@@ -109,6 +109,18 @@ def test_bad_input_exits_2_with_a_clear_message(
     assert "--trace FILE" in capsys.readouterr().err
 
 
+def test_events_larger_than_any_host_are_counted_and_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    big = tmp_path / "big.csv"
+    big.write_text(HEADER + "0,1,0,0,a,10,0\n1,16,0,0,a,10,0\n", encoding="utf-8")
+    run_app("--trace", str(big), "--policy", "notebookos", "--SimulateApp.progress=False")
+    printed = capsys.readouterr().out
+    assert "notebookos: 1 event(s) rejected, not simulated; first: line 3: needs more GPUs" in (
+        printed
+    )
+
+
 def test_plot_needs_matplotlib_or_draws(small_trace: Path, tmp_path: Path, capsys) -> None:
     png = tmp_path / "out.png"
     if importlib.util.find_spec("matplotlib") is None:
