@@ -301,13 +301,18 @@ class KernelWebsocket:
         channel: str = "shell",
         buffers: list[bytes] | None = None,
         metadata: dict[str, Any] | None = None,
+        msg_id: str | None = None,
     ) -> str:
+        """Send a request; `msg_id` reuses an id (to send a duplicate). Returns the msg_id."""
         from jupyter_server.services.kernels.connection.base import (
             serialize_binary_message,
             serialize_msg_to_ws_v1,
         )
 
-        msg = self.session.msg(msg_type, content=content, metadata=metadata or {})
+        header = self.session.msg_header(msg_type)
+        if msg_id is not None:
+            header["msg_id"] = msg_id
+        msg = self.session.msg(msg_type, content=content, header=header, metadata=metadata or {})
         if self.protocol == V1_PROTOCOL:
             parts = [self.session.pack(msg[key]) for key in ("header", "parent_header", "metadata")]
             parts.append(self.session.pack(content))

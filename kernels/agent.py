@@ -104,6 +104,7 @@ class HostAgentApp(Application):
         "port": "HostAgentApp.port",
         "advertise-url": "HostAgentApp.advertise_url",
         "kernel-ip": "HostAgentApp.kernel_ip",
+        "raft-ip": "HostAgentApp.raft_ip",
         "root-dir": "HostAgentApp.root_dir",
         "heartbeat-interval": "HostAgentApp.heartbeat_interval",
         "launch-timeout": "HostAgentApp.launch_timeout",
@@ -173,6 +174,12 @@ class HostAgentApp(Application):
     kernel_ip = Unicode(
         help="The IP address kernel replicas bind their ZMQ sockets to; the gateway connects "
         "there. Default: $KERNELFLEET_KERNEL_IP, else 127.0.0.1.",
+    ).tag(config=True)
+
+    raft_ip = Unicode(
+        help="The IP address replicas bind their Raft port to; the other replicas of each "
+        "kernel connect there, so it must be reachable from every host but need not be public. "
+        "Default: $KERNELFLEET_RAFT_IP, else the kernel IP.",
     ).tag(config=True)
 
     root_dir = Unicode(
@@ -253,6 +260,10 @@ class HostAgentApp(Application):
     @default("kernel_ip")
     def _kernel_ip_default(self) -> str:
         return _env("KERNELFLEET_KERNEL_IP") or "127.0.0.1"
+
+    @default("raft_ip")
+    def _raft_ip_default(self) -> str:
+        return _env("KERNELFLEET_RAFT_IP") or self.kernel_ip
 
     @default("root_dir")
     def _root_dir_default(self) -> str:
@@ -380,6 +391,7 @@ class HostAgentApp(Application):
             kernel_spec_manager=self.kernel_spec_manager,
             root_dir=Path(self.root_dir),
             kernel_ip=self.kernel_ip,
+            raft_ip=self.raft_ip,
             launch_timeout=self.launch_timeout,
             stop_timeout=self.replica_stop_timeout,
             poll_interval=self.replica_poll_interval,

@@ -235,6 +235,7 @@ class ReplicaTable:
         kernel_spec_manager: KernelSpecManager,
         root_dir: Path,
         kernel_ip: str = "127.0.0.1",
+        raft_ip: str = "",
         launch_timeout: float = 40.0,
         stop_timeout: float = 3.0,
         poll_interval: float = 0.5,
@@ -246,6 +247,7 @@ class ReplicaTable:
         self.kernel_spec_manager = kernel_spec_manager
         self.root_dir = root_dir
         self.kernel_ip = kernel_ip
+        self.raft_ip = raft_ip or kernel_ip
         self.launch_timeout = launch_timeout
         self.stop_timeout = stop_timeout
         self.poll_interval = poll_interval
@@ -297,7 +299,7 @@ class ReplicaTable:
         )
         replica = Replica(request, km, directory, timeout)
         if request.raft:
-            replica.raft_address = f"{self.kernel_ip}:{_free_port(self.kernel_ip)}"
+            replica.raft_address = f"{self.raft_ip}:{_free_port(self.raft_ip)}"
         self._replicas[replica.id] = replica
         self._changed()
         async with replica.lock:

@@ -79,6 +79,7 @@ class ReplicatedKernel(IPythonKernel):
         self.shell_handlers["kernelfleet_join_request"] = self.kernelfleet_join_request
         self.control_handlers["kernelfleet_membership_request"] = self.membership_request
         self.control_handlers["kernelfleet_forget_request"] = self.forget_request
+        self.control_handlers["kernelfleet_status_request"] = self.status_request
         self.replica_id = os.environ.get("KERNELFLEET_REPLICA_ID", "")
         self.replica_dir = Path(os.environ.get("KERNELFLEET_REPLICA_DIR", "."))
         self.group: _Group | None = None
@@ -133,6 +134,25 @@ class ReplicatedKernel(IPythonKernel):
             group.loop.call_soon_threadsafe(self._forget, lost)
         assert self.session is not None
         self.session.send(stream, "kernelfleet_forget_reply", {"status": "ok"}, parent, ident)
+
+    async def status_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        """Report this replica's view of its group and of who ran which cell (control)."""
+        group = self.group
+        content: dict[str, Any] = {"status": "ok", "replica_id": self.replica_id}
+        if group is not None:
+            raft = group.raft
+            content["raft"] = {
+                "address": raft.address,
+                "leader": raft.leader,
+                "is_leader": raft.is_leader,
+                "term": raft.term,
+                "members": list(raft.members),
+                "applied": raft.applied_count,
+            }
+            content["executors"] = [[c, a, r] for (c, a), r in self.cell_leads.items()]
+        content["execution_count"] = self.user_shell.execution_count
+        assert self.session is not None
+        self.session.send(stream, "kernelfleet_status_reply", content, parent, ident)
 
     def _forget(self, lost: set[str]) -> None:
         self.forgotten |= lost

@@ -318,3 +318,130 @@ async def test_losing_the_executor_mid_cell_then_between_cells_loses_no_state(re
     print(f"executor lost between cells: next cell done {time.monotonic() - lost_again:.1f} s")
     assert executor_host(fleet, first) in {new["host"], *view_hosts} - {lost, running_on}
     client.close()
+
+
+async def replica_status(fleet, replica):
+    """A replica's own view of its Raft group and of who ran which cell (control channel)."""
+    import zmq.asyncio
+
+    from kernelfleet.gateway.channels import ConnectionInfo
+    from kernelfleet.gateway.replication import ask
+    from kernelfleet.kernels.client import HostAgentClient
+
+    hosts = {host["id"]: host["address"] for host in fleet.api("GET", "/api/fleet/hosts")}
+    agent = HostAgentClient(hosts[replica["host"]], fleet.token)
+    info = ConnectionInfo.from_dict((await agent.get_replica(replica["id"]))["connection"])
+    agent.close()
+    context = zmq.asyncio.Context()
+    try:
+        return await ask(context, info, "control", "kernelfleet_status", {}, 10, "status")
+    finally:
+        context.destroy(linger=0)
+
+
+async def agreed_executors(fleet, kernel_id, cells, timeout=15):
+    """Wait until every live replica records an executor for each of `cells` and all agree;
+    returns {cell: executor}."""
+    views = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        replicas = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+        live = [r for r in replicas if r["state"] in ("ready", "executing")]
+        views = []
+        for replica in live:
+            status = await replica_status(fleet, replica)
+            views.append({cell: who for cell, attempt, who in status["executors"] if cell in cells})
+        if all(len(view) == len(cells) for view in views) and all(v == views[0] for v in views):
+            return views[0]
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"the replicas disagree or miss cells: {views}")
+
+
+async def test_concurrent_cells_on_several_kernels_each_run_once_on_one_agreed_replica(replicated):
+    fleet = replicated
+    kernel_ids = [fleet.start_kernel() for _ in range(3)]
+    clients = [await fleet.connect(kernel_id) for kernel_id in kernel_ids]
+
+    async def run_cells(client, k):
+        sent = [client.send("execute_request", {"code": f"v = {k * 10 + n}; print('k{k} c{n}')"})
+                for n in range(5)]  # fmt: skip
+        return sent, [await client.collect(msg_id) for msg_id in sent]
+
+    runs = await asyncio.gather(*(run_cells(c, k) for k, c in enumerate(clients)))
+    for k, (sent, results) in enumerate(runs):
+        assert [r.stdout for r in results] == [f"k{k} c{n}\n" for n in range(5)], "once each"
+        counts = [r.reply["execution_count"] for r in results]
+        assert counts == list(range(counts[0], counts[0] + 5)), "one count per cell, in order"
+        executors = await agreed_executors(fleet, kernel_ids[k], set(sent))
+        replicas = {
+            r["id"] for r in fleet.api("GET", f"/api/fleet/kernels/{kernel_ids[k]}")["replicas"]
+        }
+        assert set(executors.values()) <= replicas
+
+    # A duplicated request (same msg_id) is refused by the log, not run twice.
+    client, kernel_id = clients[0], kernel_ids[0]
+    code = "hits = globals().get('hits', 0) + 1; print(hits)"
+    once = client.send("execute_request", {"code": code})
+    assert (await client.collect(once)).stdout == "1\n"
+    again = client.send("execute_request", {"code": code}, msg_id=once)
+    duplicate = await client.collect(again)
+    assert duplicate.reply["status"] == "aborted"
+    assert duplicate.stdout == ""
+    assert (await client.execute("print(hits)")).stdout == "1\n"
+    for client, kernel_id in zip(clients, kernel_ids, strict=True):
+        client.close()
+        fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+async def test_losing_the_raft_leader_between_cells_and_mid_cell_loses_no_committed_state(
+    replicated,
+):
+    import os
+
+    fleet = replicated
+    kernel_id = fleet.start_kernel()
+    client = await fleet.connect(kernel_id)
+    assert (await client.execute("import numpy as np\nlog = ['a']")).reply["status"] == "ok"
+
+    async def raft_leader():
+        replicas = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+        for replica in replicas:
+            if (
+                replica["state"] == "ready"
+                and (await replica_status(fleet, replica))["raft"]["is_leader"]
+            ):
+                return replica
+        raise AssertionError(f"no Raft leader among {replicas}")
+
+    def replaced(gone):
+        replicas = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+        return gone["id"] not in {r["id"] for r in replicas} and all(
+            r["state"] == "ready" for r in replicas
+        )
+
+    # Between cells.
+    leader = await raft_leader()
+    os.kill(leader["pid"], signal.SIGKILL)
+    result = await client.execute("log.append('b'); print(log)", timeout=40)
+    assert result.stdout == "['a', 'b']\n", result.iopub
+    wait_for(lambda: replaced(leader), 40, "the lost leader to be replaced")
+
+    # Mid-cell: the leader dies while a cell runs (on it, or on another replica).
+    leader = await raft_leader()
+    code = "import time\nprint('running', flush=True)\ntime.sleep(2)\nlog.append('c')"
+    msg_id = client.send("execute_request", {"code": code})
+    await client.wait_for_output(msg_id, "running")
+    ran_on_leader = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["executor"] == leader["id"]
+    os.kill(leader["pid"], signal.SIGKILL)
+    result = await client.collect(msg_id, timeout=40)
+    expected = "['a', 'b']\n" if ran_on_leader else "['a', 'b', 'c']\n"
+    if ran_on_leader:
+        assert result.reply["ename"] == "ReplicaLost"
+    else:
+        assert result.reply["status"] == "ok", "a new leader commits the executor's delta"
+    assert (await client.execute("print(log)", timeout=40)).stdout == expected
+    wait_for(lambda: replaced(leader), 40, "the lost leader to be replaced")
+    replicas = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+    assert len({await replica_digest(fleet, replica) for replica in replicas}) == 1
+    client.close()
+    fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
