@@ -29,10 +29,10 @@ TIME_SCALE = 600  # 10 trace minutes per wall second: the 82-minute slice takes 
 #   request, the reply and the idle status cross the gateway), and each session's later cells
 #   shift by that much. At 600x, 10 ms of wall time is 6 trace seconds; the slice's 18 cells
 #   (3-8 trace minutes each) grow by about 1% and its 82-minute window by under 0.5%.
-#   Measured: committed +0.9 to +1.1%, provisioned +0.4%.
+#   Measured: committed +0.8 to +1.0%, provisioned +0.4 to +0.5%.
 # - Start delay, 0.5 wall seconds: the simulator has no protocol overhead, and in this
 #   uncontended slice no cell waits, so it predicts 0; a live cell starts when the gateway has
-#   relayed the request and the kernel's busy status (measured: 4-15 ms; 0.5 s leaves room for
+#   relayed the request and the kernel's busy status (measured p99: 9-16 ms; 0.5 s leaves room for
 #   a loaded 2-core machine). In trace seconds this is 600 times larger, so the delay check is
 #   made in wall seconds.
 GPU_HOURS_TOLERANCE = 0.03
