@@ -18,7 +18,7 @@ import contextlib
 import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,8 @@ class Cell:
     """Raised each time the cell is sent again because its replica was lost before it began."""
     running: bool = False
     """Whether its replica began it (announced the code with ``execute_input``)."""
+    excluded: set[str] = field(default_factory=set)
+    """Replicas that were sent the cell and could not run it (lost, or cut off)."""
     status_shown: bool = False
 
     @property
@@ -145,6 +147,24 @@ class CellQueue:
         if not cell.ended.done():
             cell.ended.set_result(status)
 
+    def finish_idle(self, cell_id: str, replica_id: str) -> None:
+        """The replica of `cell_id` went idle: the cell ended if the replica had begun it
+        (a replica that refused it goes idle too, and its reply says what comes next)."""
+        if self.current is not None and self.current.id == cell_id and self.current.running:
+            self.finish(cell_id, "idle", replica_id)
+
+    def client_gone(self, client: Any) -> None:
+        """A client closed: its waiting cells are dropped, and its current cell, if not begun,
+        ends (nobody would hear its reply)."""
+        for cell in [c for c in self._waiting if c.client is client]:
+            self._waiting.remove(cell)
+        cell = self.current
+        if cell is not None and cell.client is client and not cell.running:
+            if self._assigning is not None:
+                self._assigning.cancel()
+            elif not cell.ended.done():
+                cell.ended.set_result("aborted")
+
     def mark_running(self, cell_id: str, replica_id: str) -> None:
         cell, assignment = self.current, self.current_assignment
         if cell is not None and cell.id == cell_id and assignment is not None:
@@ -163,7 +183,7 @@ class CellQueue:
         return cell.id
 
     @contextlib.asynccontextmanager
-    async def paused(self):  # type: ignore[no-untyped-def]
+    async def paused(self) -> AsyncIterator[None]:
         """Hold new cells while the body runs, once the running one (if any) has ended."""
         self._paused += 1
         try:
@@ -231,7 +251,11 @@ class CellQueue:
                 assignment.release()
             if status != "retry":
                 break
-            log.warning("kernel %s: cell %s is sent again", self.kernel_id, cell.id)
+            log.warning(
+                "kernel %s: cell %s could not run on %s; sent again",
+                self.kernel_id, cell.id, assignment.replica_id,
+            )  # fmt: skip
+            cell.excluded.add(assignment.replica_id)
             cell.attempt += 1
             cell.ended = asyncio.get_running_loop().create_future()
             self.current_assignment = None

@@ -265,7 +265,7 @@ class KernelLink:
         if parent is not None and message.msg_type == "execute_input":
             self.cells.mark_running(parent, replica_id)
         elif message.msg_type == "status" and parent and b'"idle"' in message.raw_content:
-            self.cells.finish(parent, "idle", replica_id)
+            self.cells.finish_idle(parent, replica_id)
         self._on_iopub(replica_id, message)
         self.broadcast("iopub", message)
 
@@ -388,6 +388,7 @@ class ClientLink:
     def close(self) -> None:
         self._closed = True
         self._link.detach(self)
+        self._link.cells.client_gone(self)
         for replica_id in list(self._sockets):
             self.close_replica(replica_id)
 
@@ -433,8 +434,14 @@ class ClientLink:
             if channel == "stdin":
                 self._stdin_replica = replica_id
             if channel == "shell" and message.msg_type == "execute_reply" and parent:
+                status = _reply_status(message)
+                if status == "yielded":
+                    continue  # a YIELD's answer, possibly to an earlier attempt: never relayed
+                if status == "isolated":
+                    link.cells.finish(parent, "retry", replica_id)
+                    continue  # the cell goes to another replica; its reply will come from there
                 self._pending.pop(parent, None)
-                link.cells.finish(parent, _reply_status(message), replica_id)
+                link.cells.finish(parent, status, replica_id)
             self.deliver(channel, message)
 
 
@@ -454,8 +461,16 @@ def _with_role(
 
 
 def _reply_status(message: KernelMessage) -> str:
+    """An execute_reply's status; "isolated" for a replica that could not reach its group,
+    "yielded" for a replica's answer to a YIELD."""
     try:
-        return str(json.loads(message.raw_content).get("status", "ok"))
+        content = json.loads(message.raw_content)
+        options = content.get("kernelfleet")
+        if isinstance(options, dict) and options.get("role") == "yield":
+            return "yielded"
+        if content.get("ename") == "ReplicaIsolated":
+            return "isolated"
+        return str(content.get("status", "ok"))
     except (ValueError, AttributeError):
         return "ok"
 

@@ -413,9 +413,16 @@ class KernelService:
         """Choose the replica that runs `cell`: the policy's choice among the linked replicas
         (the previous executor first, if its host can commit the cell's GPUs)."""
         link = kernel.link
-        linked = [r for r in kernel.replicas if link is not None and r.id in link.feeds]
+        linked = [
+            r
+            for r in kernel.replicas
+            if link is not None and r.id in link.feeds and r.id not in cell.excluded
+        ]
         if not linked:
-            raise KernelDead(f"kernel {kernel.id} has no live replica")
+            tried = (
+                f" ({', '.join(sorted(cell.excluded))} could not run it)" if cell.excluded else ""
+            )
+            raise KernelDead(f"kernel {kernel.id} has no live replica for this cell{tried}")
         gpus = kernel.gpus if cell.gpus is None else cell.gpus
         executor = next((r for r in linked if r.id == kernel.executor), None)
         request = ExecuteRequest(

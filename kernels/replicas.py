@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import queue
+import random
 import re
 import socket
 import time
@@ -35,6 +36,7 @@ log = logging.getLogger("kernelfleet.host.replicas")
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 LOG_TAIL_LINES = 30
+RAFT_PORTS_FROM = 20000  # Raft ports are drawn from here up to the ephemeral range
 CONNECTION_KEYS = (
     "transport",
     "ip",
@@ -619,7 +621,27 @@ async def _kill_quietly(replica: Replica) -> int | None:
 
 
 def _free_port(ip: str) -> int:
-    """A port free on `ip` now (the replica binds it when it joins its Raft group)."""
+    """A port free on `ip` now, for the replica to bind when it joins its Raft group.
+
+    It is drawn below the kernel's ephemeral range: a port from that range (what binding to
+    port 0 gives) can be taken by any outgoing connection before the replica binds it.
+    """
+    low = _ephemeral_range()[0]
+    for port in random.sample(range(RAFT_PORTS_FROM, low), k=min(64, low - RAFT_PORTS_FROM)):
+        with socket.socket() as sock:
+            try:
+                sock.bind((ip, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind((ip, 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default

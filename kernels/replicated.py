@@ -212,12 +212,12 @@ class ReplicatedKernel(IPythonKernel):
         attempt = int(options.get("attempt", 0))
         if options.get("role") == "yield":
             self._yield(group, cell_id, attempt)
-            self._reply_aborted(stream, ident, parent, f"cell runs on {options.get('executor')}")
+            self._reply_aborted(stream, ident, parent, {"role": "yield", "attempt": attempt})
             return
         if (cell_id, attempt) in self.cell_leads:
             ran_on = self.cell_leads[(cell_id, attempt)]
             self.log.warning("cell %s already ran on replica %s; not again", cell_id, ran_on)
-            self._reply_aborted(stream, ident, parent, f"cell already ran on {ran_on}")
+            self._reply_aborted(stream, ident, parent, {"duplicate_of": ran_on})
             return
         if self.publishing is not None:
             await self.publishing  # this replica's previous delta goes first
@@ -233,7 +233,7 @@ class ReplicatedKernel(IPythonKernel):
         winner = self.cell_leads.get((cell_id, attempt), self.replica_id)
         if winner != self.replica_id:
             self.log.warning("cell %s already ran on replica %s; not again", cell_id, winner)
-            self._reply_aborted(stream, ident, parent, f"cell already ran on {winner}")
+            self._reply_aborted(stream, ident, parent, {"duplicate_of": winner})
             return
         await self._wait_for_owed_deltas()
         await super().execute_request(stream, ident, parent)
@@ -262,8 +262,9 @@ class ReplicatedKernel(IPythonKernel):
         task = asyncio.ensure_future(group.raft.append_with_retry(entry, time.monotonic() + 5))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
-    def _reply_aborted(self, stream: Any, ident: Any, parent: dict, why: str) -> None:
-        """Answer a cell this replica does not run (the gateway drops this reply)."""
+    def _reply_aborted(self, stream: Any, ident: Any, parent: dict, why: dict[str, Any]) -> None:
+        """Answer a cell this replica does not run, saying `why` under ``kernelfleet``: a
+        yield (the gateway drops the reply) or a duplicate of a cell that ran already."""
         content = {"status": "aborted", "execution_count": None, "kernelfleet": why}
         assert self.session is not None
         self.session.send(stream, "execute_reply", content, parent, ident)

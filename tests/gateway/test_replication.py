@@ -215,18 +215,27 @@ async def test_an_isolated_replica_refuses_cells_and_a_suspended_one_catches_up(
 
     assert await eventually(caught_up, 10), "the resumed replica did not catch up"
 
-    # The executor cut off from both others cannot run a cell.
+    # The executor cut off from both others cannot run a cell: it refuses, and the gateway
+    # sends the cell to another replica, which runs it once the group has a majority again.
     for replica in others:
         os.kill(replica["pid"], signal.SIGSTOP)
     try:
-        result = await client.execute("n = 1000", timeout=30)
-        assert result.reply["status"] == "error"
-        assert result.reply["ename"] == "ReplicaIsolated"
+        msg_id = client.send("execute_request", {"code": "n = 1000"})
+
+        def sent_elsewhere():
+            view = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")
+            running = [r["id"] for r in view["replicas"] if r["state"] == "executing"]
+            return running and running[0] != executor["id"]
+
+        wait_for(sent_elsewhere, 20, "the isolated executor to refuse the cell")
     finally:
         for replica in others:
             os.kill(replica["pid"], signal.SIGCONT)
-    assert (await client.execute("print(n)", timeout=30)).stdout == "4\n"
-    assert executor["id"] == fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["executor"]
+    result = await client.collect(msg_id, timeout=30)
+    assert result.reply["status"] == "ok", result.reply
+    assert (await client.execute("print(n)", timeout=30)).stdout == "1000\n"
+    executors = await agreed_executors(fleet, kernel_id, {msg_id})
+    assert executors[msg_id] != executor["id"], "the isolated replica did not run it"
     client.close()
     fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
@@ -259,65 +268,6 @@ async def test_a_replica_migrates_to_a_named_host_and_the_kernel_keeps_its_state
     assert len(digests) == 1, "a newcomer that executed a cell leaves every replica equal"
     client.close()
     fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
-
-
-async def test_losing_the_executor_mid_cell_then_between_cells_loses_no_state(replicated):
-    fleet = replicated
-    first = fleet.start_kernel()
-    view = fleet.api("GET", f"/api/fleet/kernels/{first}")
-    assert len({replica["host"] for replica in view["replicas"]}) == 3, "3 distinct hosts"
-    assert all(replica["state"] == "ready" for replica in view["replicas"])
-
-    client = await fleet.connect(first)
-    assert (await client.execute(STATE)).stdout == "state set\n"
-    lost = executor_host(fleet, first)
-
-    # Mid-cell: the executor's host dies while a cell runs.
-    msg_id = client.send(
-        "execute_request", {"code": "import time; print('long', flush=True); time.sleep(120)"}
-    )
-    await client.wait_for_output(msg_id, "long")
-    started = time.monotonic()
-    fleet.signal_host(lost, signal.SIGKILL)
-    result = await client.collect(msg_id, timeout=30)
-    heard = time.monotonic() - started
-    assert result.reply["status"] == "error"
-    assert result.reply["ename"] == "ReplicaLost"
-    assert heard < 20, "the client hears of the loss within seconds"
-
-    after = await client.execute(CHECK)
-    recovered = time.monotonic() - started
-    print(f"\nexecutor lost mid-cell: error after {heard:.1f} s, next cell done {recovered:.1f} s")
-    assert after.stdout == EXPECTED, after.iopub
-    assert executor_host(fleet, first) != lost
-
-    # The lost replica is replaced on the one host the kernel did not use; it catches up.
-    def replacement():
-        replicas = fleet.api("GET", f"/api/fleet/kernels/{first}")["replicas"]
-        fresh = [r for r in replicas if r["host"] not in view_hosts]
-        return fresh and fresh[0]["state"] == "ready" and fresh[0]
-
-    view_hosts = {replica["host"] for replica in view["replicas"]}
-    new = wait_for(replacement, 30, "a replacement replica to catch up")
-    print(f"replacement caught up {time.monotonic() - started:.1f} s after the loss")
-
-    # Interrupt reaches the replica running the cell, not merely the first live one.
-    msg_id = client.send(
-        "execute_request", {"code": "import time\nprint('sleeping', flush=True)\ntime.sleep(60)"}
-    )
-    await client.wait_for_output(msg_id, "sleeping")
-    fleet.api("POST", f"/api/kernels/{first}/interrupt", expect=204)
-    assert (await client.collect(msg_id, timeout=20)).reply["ename"] == "KeyboardInterrupt"
-    assert len(fleet.api("GET", f"/api/fleet/kernels/{first}")["replicas"]) == 3
-
-    # Between cells: the executor is lost again; the next cell runs on the replacement.
-    running_on = executor_host(fleet, first)
-    lost_again = time.monotonic()
-    fleet.signal_host(running_on, signal.SIGKILL)
-    assert (await client.execute(CHECK, timeout=30)).stdout == EXPECTED
-    print(f"executor lost between cells: next cell done {time.monotonic() - lost_again:.1f} s")
-    assert executor_host(fleet, first) in {new["host"], *view_hosts} - {lost, running_on}
-    client.close()
 
 
 async def replica_status(fleet, replica):
@@ -445,3 +395,62 @@ async def test_losing_the_raft_leader_between_cells_and_mid_cell_loses_no_commit
     assert len({await replica_digest(fleet, replica) for replica in replicas}) == 1
     client.close()
     fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+async def test_losing_the_executor_mid_cell_then_between_cells_loses_no_state(replicated):
+    fleet = replicated
+    first = fleet.start_kernel()
+    view = fleet.api("GET", f"/api/fleet/kernels/{first}")
+    assert len({replica["host"] for replica in view["replicas"]}) == 3, "3 distinct hosts"
+    assert all(replica["state"] == "ready" for replica in view["replicas"])
+
+    client = await fleet.connect(first)
+    assert (await client.execute(STATE)).stdout == "state set\n"
+    lost = executor_host(fleet, first)
+
+    # Mid-cell: the executor's host dies while a cell runs.
+    msg_id = client.send(
+        "execute_request", {"code": "import time; print('long', flush=True); time.sleep(120)"}
+    )
+    await client.wait_for_output(msg_id, "long")
+    started = time.monotonic()
+    fleet.signal_host(lost, signal.SIGKILL)
+    result = await client.collect(msg_id, timeout=30)
+    heard = time.monotonic() - started
+    assert result.reply["status"] == "error"
+    assert result.reply["ename"] == "ReplicaLost"
+    assert heard < 20, "the client hears of the loss within seconds"
+
+    after = await client.execute(CHECK)
+    recovered = time.monotonic() - started
+    print(f"\nexecutor lost mid-cell: error after {heard:.1f} s, next cell done {recovered:.1f} s")
+    assert after.stdout == EXPECTED, after.iopub
+    assert executor_host(fleet, first) != lost
+
+    # The lost replica is replaced on the one host the kernel did not use; it catches up.
+    def replacement():
+        replicas = fleet.api("GET", f"/api/fleet/kernels/{first}")["replicas"]
+        fresh = [r for r in replicas if r["host"] not in view_hosts]
+        return fresh and fresh[0]["state"] == "ready" and fresh[0]
+
+    view_hosts = {replica["host"] for replica in view["replicas"]}
+    new = wait_for(replacement, 30, "a replacement replica to catch up")
+    print(f"replacement caught up {time.monotonic() - started:.1f} s after the loss")
+
+    # Interrupt reaches the replica running the cell, not merely the first live one.
+    msg_id = client.send(
+        "execute_request", {"code": "import time\nprint('sleeping', flush=True)\ntime.sleep(60)"}
+    )
+    await client.wait_for_output(msg_id, "sleeping")
+    fleet.api("POST", f"/api/kernels/{first}/interrupt", expect=204)
+    assert (await client.collect(msg_id, timeout=20)).reply["ename"] == "KeyboardInterrupt"
+    assert len(fleet.api("GET", f"/api/fleet/kernels/{first}")["replicas"]) == 3
+
+    # Between cells: the executor is lost again; the next cell runs on the replacement.
+    running_on = executor_host(fleet, first)
+    lost_again = time.monotonic()
+    fleet.signal_host(running_on, signal.SIGKILL)
+    assert (await client.execute(CHECK, timeout=30)).stdout == EXPECTED
+    print(f"executor lost between cells: next cell done {time.monotonic() - lost_again:.1f} s")
+    assert executor_host(fleet, first) in {new["host"], *view_hosts} - {lost, running_on}
+    client.close()
