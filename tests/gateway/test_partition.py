@@ -1,0 +1,387 @@
+"""A replica cut off from its Raft group by a real network partition (Linux network namespaces).
+
+Topology (all made by the ``partitioned`` fixture, torn down by its finalizer)::
+
+      root namespace: gateway on 10.O.1.1 (bridge kfc-*), the test's own clients
+        |                                            |
+      bridge kfc-<sfx> 10.O.1.0/24 (control)       bridge kfr-<sfx> 10.O.2.0/24 (Raft)
+        | kc<i>-<sfx> (port)                           | kr<i>-<sfx> (port)  <- cut here
+        |                                            |
+      namespace kf-<sfx>-<i>:  ctl0 10.O.1.<i+1>       raft0 10.O.2.<i+1>
+        host agent host-<i>: --ip/--kernel-ip on ctl0 (agent API, replicas' ZMQ),
+                             --raft-ip on raft0 (the replicas' pysyncobj ports)
+
+One host agent runs in each namespace (``ip netns exec``); its replicas inherit it. Gateway
+↔ agent (HTTP, heartbeats) and gateway ↔ replica (ZMQ) traffic uses the control bridge only,
+Raft traffic the Raft bridge only: the two are plain L2 bridges, so no routing or ip_forward is
+needed. Cutting a host's Raft = ``ip link set kr<i>-<sfx> down`` (its port on the Raft bridge,
+as if its cable were pulled at the switch: its packets and those sent to it are silently lost;
+the namespace keeps its address); healing = ``up`` again. Its heartbeats and channels go on.
+(Downing ``raft0`` inside the namespace instead works too; the healed replica then takes a
+couple of seconds longer to reconnect.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from kernelfleet.testing import TOKEN, Fleet, descendants, wait_for
+
+pytestmark = pytest.mark.timeout(180)  # about 17 s on 2 cores: not marked slow
+
+HOSTS = 3
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=20)
+
+
+@dataclass
+class Topology:
+    suffix: str
+    octet: int
+    namespaces: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)  # root-side devices, deleted at the end
+
+    @property
+    def gateway_ip(self) -> str:
+        return f"10.{self.octet}.1.1"
+
+    def namespace(self, i: int) -> str:
+        return f"kf-{self.suffix}-{i}"
+
+    def control_ip(self, i: int) -> str:
+        return f"10.{self.octet}.1.{i + 1}"
+
+    def raft_ip(self, i: int) -> str:
+        return f"10.{self.octet}.2.{i + 1}"
+
+    def raft_port(self, i: int) -> str:
+        return f"kr{i}-{self.suffix}"
+
+    def cut(self, i: int) -> None:
+        """Pull host i's cable on the Raft bridge."""
+        ip("link", "set", self.raft_port(i), "down")
+
+    def heal(self, i: int) -> None:
+        ip("link", "set", self.raft_port(i), "up")
+
+    def destroy(self) -> None:
+        for link in reversed(self.links):  # a veth end takes its peer along
+            ip("link", "del", link, check=False)
+        for namespace in self.namespaces:
+            ip("netns", "del", namespace, check=False)
+
+
+def _free_octet() -> int:
+    """A second octet whose 10.O.0.0/16 no address or route here overlaps."""
+    used = ip("-4", "-o", "addr").stdout + ip("-4", "route", "show", "table", "all").stdout
+    candidates = list(range(100, 250))
+    random.shuffle(candidates)
+    for octet in candidates:
+        if f"10.{octet}." not in used:
+            return octet
+    raise RuntimeError("no free 10.O.0.0/16 for the test's bridges")
+
+
+def build_topology() -> Topology:
+    suffix = secrets.token_hex(3)
+    topology = Topology(suffix=suffix, octet=_free_octet())
+    first = topology.namespace(1)
+    try:
+        probe = ip("netns", "add", first, check=False)
+    except FileNotFoundError:
+        pytest.skip("cannot create network namespaces: the `ip` command (iproute2) is missing")
+    if probe.returncode != 0:
+        pytest.skip(f"cannot create a network namespace (needs root / CAP_NET_ADMIN): "
+                    f"`ip netns add {first}`: {probe.stderr.strip()}")  # fmt: skip
+    topology.namespaces.append(first)
+    try:
+        for bridge, address in ((f"kfc-{suffix}", f"{topology.gateway_ip}/24"),
+                                (f"kfr-{suffix}", None)):  # fmt: skip
+            ip("link", "add", bridge, "type", "bridge")
+            topology.links.append(bridge)
+            if address:
+                ip("addr", "add", address, "dev", bridge)
+            ip("link", "set", bridge, "up")
+        for i in range(1, HOSTS + 1):
+            namespace = topology.namespace(i)
+            if i > 1:
+                ip("netns", "add", namespace)
+                topology.namespaces.append(namespace)
+            ip("-n", namespace, "link", "set", "lo", "up")
+            for kind, inside, address in (("c", "ctl0", topology.control_ip(i)),
+                                          ("r", "raft0", topology.raft_ip(i))):  # fmt: skip
+                port = f"k{kind}{i}-{suffix}"
+                ip("link", "add", port, "type", "veth", "peer", "name", inside, "netns", namespace)
+                topology.links.append(port)
+                ip("link", "set", port, "master", f"kf{kind}-{suffix}")
+                ip("link", "set", port, "up")
+                ip("-n", namespace, "addr", "add", f"{address}/24", "dev", inside)
+                ip("-n", namespace, "link", "set", inside, "up")
+    except BaseException:
+        topology.destroy()
+        raise
+    return topology
+
+
+@dataclass
+class Partitioned:
+    fleet: Fleet
+    topology: Topology
+
+
+def start_host_in(fleet: Fleet, topology: Topology, i: int) -> None:
+    host_id = f"host-{i}"
+    log = (fleet.state_dir / f"{host_id}.log").open("wb")
+    address = topology.control_ip(i)
+    fleet.hosts[host_id] = subprocess.Popen(
+        ["ip", "netns", "exec", topology.namespace(i), sys.executable, "-m", "kernelfleet",
+         "host", "--gateway", fleet.url, "--host-id", host_id, "--gpus", "1",
+         "--state-dir", str(fleet.state_dir / host_id), "--ip", address,
+         "--kernel-ip", address, "--raft-ip", topology.raft_ip(i)],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, **fleet.env, "KERNELFLEET_TOKEN": fleet.token,
+             "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )  # fmt: skip
+    wait_for(lambda: fleet._poll_log(host_id, _NEVER) or fleet.host_state(host_id) == "alive",
+             30, f"host {host_id} (namespace {topology.namespace(i)}) to register")  # fmt: skip
+
+
+class _Never:
+    """A pattern that never matches: `_poll_log` then only checks that the process lives."""
+
+    def search(self, text: str) -> None:
+        return None
+
+
+_NEVER = _Never()
+
+
+@pytest.fixture
+def partitioned(tmp_path) -> Iterator[Partitioned]:
+    """A gateway in the root namespace and one host agent in each of 3 namespaces."""
+    topology = build_topology()
+    fleet = Fleet(state_dir=tmp_path / "fleet", token=TOKEN, env={})
+    fleet.state_dir.mkdir()
+    below: set[int] = set()
+    try:
+        fleet.gateway_args = ("--replicas", "3", "--ip", topology.gateway_ip)
+        fleet.start_gateway(*fleet.gateway_args)
+        for i in range(1, HOSTS + 1):
+            start_host_in(fleet, topology, i)
+        yield Partitioned(fleet, topology)
+    finally:
+        for process in fleet.hosts.values():
+            below.update(descendants(process.pid))
+        fleet.stop()
+        for pid in below:  # replicas that outlived their agent
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        topology.destroy()
+
+
+# ---- talking to one replica directly (its own ZMQ channels, reached over the control bridge) --
+
+DIGEST = (
+    "print(__import__('kernelfleet.kernels.statesync', fromlist=['namespace_digest'])"
+    ".namespace_digest(get_ipython().user_ns, get_ipython().kernel.group.tracker))"
+)
+
+
+async def _connection(fleet: Fleet, replica: dict) -> dict:
+    from kernelfleet.kernels.client import HostAgentClient
+
+    hosts = {host["id"]: host["address"] for host in fleet.api("GET", "/api/fleet/hosts")}
+    agent = HostAgentClient(hosts[replica["host"]], fleet.token)
+    try:
+        return (await agent.get_replica(replica["id"]))["connection"]
+    finally:
+        agent.close()
+
+
+async def execute_on(fleet: Fleet, replica: dict, code: str, timeout: float = 30):
+    """Run `code` on one replica, bypassing the gateway; returns (reply content, stdout)."""
+    from jupyter_client.asynchronous import AsyncKernelClient
+
+    client = AsyncKernelClient()
+    client.load_connection_info(await _connection(fleet, replica))
+    client.start_channels()
+    try:
+        output: list[str] = []
+
+        def hook(msg: dict) -> None:
+            if msg["header"]["msg_type"] == "stream":
+                output.append(msg["content"]["text"])
+
+        reply = await client.execute_interactive(code, timeout=timeout, output_hook=hook)
+        return reply["content"], "".join(output)
+    finally:
+        client.stop_channels()
+
+
+async def replica_digest(fleet: Fleet, replica: dict) -> str:
+    content, output = await execute_on(fleet, replica, DIGEST)
+    assert content["status"] == "ok", content
+    return output.strip()
+
+
+async def replica_status(fleet: Fleet, replica: dict) -> dict:
+    """The replica's view of its Raft group and of who ran which cell (control channel)."""
+    import zmq.asyncio
+
+    from kernelfleet.gateway.channels import ConnectionInfo
+    from kernelfleet.gateway.replication import ask
+
+    info = ConnectionInfo.from_dict(await _connection(fleet, replica))
+    context = zmq.asyncio.Context()
+    try:
+        return await ask(context, info, "control", "kernelfleet_status", {}, 10, "status")
+    finally:
+        context.destroy(linger=0)
+
+
+async def executors_of(fleet: Fleet, replicas: list[dict], cells: set[str], timeout: float = 20):
+    """{cell: executor} once every one of `replicas` records all `cells` and they agree."""
+    views: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        views = []
+        for replica in replicas:
+            status = await replica_status(fleet, replica)
+            views.append({cell: who for cell, _, who in status["executors"] if cell in cells})
+        if all(len(view) == len(cells) for view in views) and all(v == views[0] for v in views):
+            return views[0]
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"the replicas disagree or miss cells: {views}")
+
+
+def _assert_every_host_alive(fleet: Fleet) -> None:
+    """The cut is Raft-only: the gateway still hears every host and keeps every replica."""
+    states = {h["id"]: h["state"] for h in fleet.api("GET", "/api/fleet/hosts")}
+    assert states == {f"host-{i}": "alive" for i in range(1, HOSTS + 1)}, states
+
+
+# ---- the test ---------------------------------------------------------------------------------
+
+
+async def test_a_replica_cut_off_from_raft_cannot_execute_the_majority_goes_on_and_it_catches_up(
+    partitioned,
+):
+    fleet, topology = partitioned.fleet, partitioned.topology
+    kernel_id = fleet.start_kernel()
+    view = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")
+    replicas = view["replicas"]
+    assert sorted(r["host"] for r in replicas) == ["host-1", "host-2", "host-3"]
+    client = await fleet.connect(kernel_id)
+    for code in ("import numpy as np", "x = 1\nitems = ['a']", "def twice(v):\n    return 2 * v"):
+        assert (await client.execute(code)).reply["status"] == "ok", code
+    for replica in replicas:  # Raft really runs over the Raft bridge
+        address = (await replica_status(fleet, replica))["raft"]["address"]
+        assert address.startswith(topology.raft_ip(int(replica["host"].split("-")[1])) + ":")
+
+    view = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")
+    isolated = next(r for r in replicas if r["id"] == view["executor"])
+    majority = [r for r in replicas if r["id"] != isolated["id"]]
+    index = int(isolated["host"].split("-")[1])
+    was_leader = (await replica_status(fleet, isolated))["raft"]["is_leader"]
+
+    # Cut the executor's Raft link; its cell is refused (it cannot commit its LEAD) and the
+    # gateway sends it to a replica of the majority side, which runs it.
+    topology.cut(index)
+    cut_at = time.monotonic()
+    try:
+        code = "import time\ntime.sleep(1)\nx += 1\nitems.append('cut')\nprint(x, items)"
+        during = client.send("execute_request", {"code": code})
+
+        def sent_elsewhere():
+            now = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")
+            running = {r["id"] for r in now["replicas"] if r["state"] == "executing"}
+            return running & {r["id"] for r in majority} or now["executor"] != isolated["id"]
+
+        wait_for(sent_elsewhere, 30, "the isolated executor to refuse and the cell to move")
+        refused_at = time.monotonic()
+        result = await client.collect(during, timeout=60)
+        done_at = time.monotonic()
+        assert result.reply["status"] == "ok", result.reply
+        assert result.stdout == "2 ['a', 'cut']\n"
+        ran_on = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["executor"]
+        assert ran_on in {r["id"] for r in majority}, (ran_on, isolated["id"])
+
+        # The majority goes on, a value through the object store included.
+        code = "x += 1\nbig = np.arange(300_000)\nprint(x, twice(x), int(big.sum()))"
+        after = client.send("execute_request", {"code": code})
+        second = await client.collect(after, timeout=60)
+        assert second.reply["status"] == "ok", second.reply
+        assert second.stdout == f"3 6 {sum(range(300_000))}\n"
+        cells = {during, after}
+        agreed = await executors_of(fleet, majority, cells)
+        assert isolated["id"] not in agreed.values(), agreed
+
+        # Asked directly, the isolated replica refuses: it cannot commit its LEAD.
+        asked_at = time.monotonic()
+        content, output = await execute_on(fleet, isolated, "x = -1\nprint('ran')", timeout=60)
+        refusal = time.monotonic() - asked_at
+        assert content["status"] == "error", content
+        assert content["ename"] == "ReplicaIsolated", content
+        assert output == ""
+        behind = await replica_status(fleet, isolated)
+        ahead = [await replica_status(fleet, r) for r in majority]
+        assert not behind["raft"]["is_leader"], behind["raft"]
+        target = max(status["raft"]["applied"] for status in ahead)
+        assert behind["raft"]["applied"] < target, (behind["raft"], [a["raft"] for a in ahead])
+        assert any(status["raft"]["is_leader"] for status in ahead), "the majority has a leader"
+
+        # Heartbeats went on over the control link all along: nobody was declared lost or
+        # replaced, however long the cut lasted (the gateway's heartbeat timeout is 5 s).
+        cut_for = time.monotonic() - cut_at
+        assert cut_for > 5
+        _assert_every_host_alive(fleet)
+        now = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+        assert {r["id"] for r in now} == {r["id"] for r in replicas}, now
+    finally:
+        topology.heal(index)
+    healed_at = time.monotonic()
+
+    # Healed, it catches up: its log reaches the majority's, then every namespace is equal.
+    async def caught_up() -> bool:
+        return (await replica_status(fleet, isolated))["raft"]["applied"] >= target
+
+    deadline = time.monotonic() + 30
+    while not await caught_up():
+        assert time.monotonic() < deadline, "the healed replica did not catch up in 30 s"
+        await asyncio.sleep(0.1)
+    caught_up_in = time.monotonic() - healed_at
+    digests = {r["id"]: await replica_digest(fleet, r) for r in [isolated, *majority]}
+    assert len(set(digests.values())) == 1, digests
+    agreed_by_all = await executors_of(fleet, replicas, cells)
+    assert agreed_by_all == agreed, "the healed replica learned who ran the cells of the cut"
+    final = await client.execute("print(x, items, int(big.sum()))", timeout=30)
+    assert final.stdout == f"3 ['a', 'cut'] {sum(range(300_000))}\n", final.reply
+    _assert_every_host_alive(fleet)
+
+    print(
+        f"\npartition: executor {isolated['id']} on {isolated['host']}"
+        f" ({'' if was_leader else 'not '}the Raft leader) cut off;"
+        f" refused and sent elsewhere {refused_at - cut_at:.1f} s after the cut,"
+        f" cell done {done_at - refused_at:.1f} s later ({done_at - cut_at:.1f} s in all);"
+        f" a direct request refused with ReplicaIsolated after {refusal:.1f} s;"
+        f" cut lasted {cut_for:.1f} s with every host alive;"
+        f" caught up {caught_up_in:.2f} s after the heal"
+        f" (applied {behind['raft']['applied']} -> {target})"
+    )
+    client.close()
+    fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
