@@ -179,6 +179,7 @@ class GatewayApp(Application):
             replication,
             KernelStore(self.state_dir),
         )
+        self.kernels.metrics.registry.on_collect(self._collect_gpu_metrics)
         self.kernelspecs = kernelspecs
 
     def init_webapp(self) -> None:
@@ -188,8 +189,18 @@ class GatewayApp(Application):
             kernel_service=self.kernels,
             host_registry=self.hosts,
             kernelspecs=self.kernelspecs,
+            metrics=self.kernels.metrics.registry,
             websocket_max_message_size=1 << 30,
         )
+
+    def _collect_gpu_metrics(self) -> None:
+        """Set the GPU gauges from the ledger, just before /metrics renders."""
+        metrics, totals = self.kernels.metrics, self.kernels.ledger.totals()
+        metrics.total_gpus.set(totals.total)
+        metrics.committed_gpus.set(totals.committed)
+        metrics.busy_gpus.set(totals.committed)
+        metrics.demand_gpus.set(totals.demand)
+        metrics.subscription_ratio.set(totals.demand / totals.total if totals.total else 0.0)
 
     async def serve(self) -> None:
         """Listen, watch host liveness, and stop cleanly on SIGINT/SIGTERM."""

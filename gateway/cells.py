@@ -102,8 +102,15 @@ def stops_on_error(message: ClientMessage) -> bool:
 class CellQueue:
     """Runs one kernel's cells in arrival order: assign, dispatch, wait for the end, release."""
 
-    def __init__(self, kernel_id: str, assign: Assign, dispatch: Dispatch) -> None:
+    def __init__(
+        self,
+        kernel_id: str,
+        assign: Assign,
+        dispatch: Dispatch,
+        on_started: Callable[[Cell], None] = lambda cell: None,
+    ) -> None:
         self.kernel_id = kernel_id
+        self._on_started = on_started
         self._assign = assign
         self._dispatch = dispatch
         self._waiting: deque[Cell] = deque()
@@ -156,19 +163,22 @@ class CellQueue:
     def client_gone(self, client: Any) -> None:
         """A client closed: its waiting cells are dropped, and its current cell, if not begun,
         ends (nobody would hear its reply)."""
-        for cell in [c for c in self._waiting if c.client is client]:
-            self._waiting.remove(cell)
-        cell = self.current
-        if cell is not None and cell.client is client and not cell.running:
+        for waiting in [c for c in self._waiting if c.client is client]:
+            self._waiting.remove(waiting)
+        current = self.current
+        if current is not None and current.client is client and not current.running:
             if self._assigning is not None:
                 self._assigning.cancel()
-            elif not cell.ended.done():
-                cell.ended.set_result("aborted")
+            elif not current.ended.done():
+                current.ended.set_result("aborted")
 
     def mark_running(self, cell_id: str, replica_id: str) -> None:
         cell, assignment = self.current, self.current_assignment
-        if cell is not None and cell.id == cell_id and assignment is not None:
-            cell.running = cell.running or assignment.replica_id == replica_id
+        if cell is None or cell.id != cell_id or assignment is None or cell.running:
+            return
+        if assignment.replica_id == replica_id:
+            cell.running = True
+            self._on_started(cell)
 
     def replica_lost(self, replica_id: str) -> str | None:
         """`replica_id` is gone. A cell it was running ends as lost; one it had not begun is

@@ -168,6 +168,7 @@ class KernelLink:
         context: zmq.asyncio.Context,
         on_iopub: Callable[[str, KernelMessage], None],
         assign: Assign,
+        on_cell_started: Callable[[Cell], None] = lambda cell: None,
     ) -> None:
         self.kernel_id = kernel_id
         self._context = context
@@ -176,7 +177,7 @@ class KernelLink:
         self.primary: str | None = None
         self._routes: OrderedDict[str, str] = OrderedDict()
         self._clients: set[ClientLink] = set()
-        self.cells = CellQueue(kernel_id, assign, self._dispatch_cell)
+        self.cells = CellQueue(kernel_id, assign, self._dispatch_cell, on_cell_started)
 
     async def add_replica(self, replica_id: str, info: ConnectionInfo, timeout: float) -> None:
         """Subscribe to a live replica and open every client's sockets to it."""

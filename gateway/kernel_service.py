@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -25,14 +26,16 @@ from kernelfleet.errors import (
     InvalidRequest,
     KernelDead,
     KernelStartFailed,
-    NoCapacity,
     NotFound,
 )
 from kernelfleet.gateway.cells import Assignment, Cell
 from kernelfleet.gateway.channels import ClientLink, ConnectionInfo, Deliver, KernelLink, OnClosed
+from kernelfleet.gateway.executors import ExecutorChooser
 from kernelfleet.gateway.framing import KernelMessage, kernel_message_from_dict
 from kernelfleet.gateway.hosts import HostRecord, HostRegistry
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
+from kernelfleet.gateway.ledger import GpuLedger, device_ids_of
+from kernelfleet.gateway.metrics import FleetMetrics
 from kernelfleet.gateway.records import (
     KernelRecord,
     ReplicaRecord,
@@ -48,9 +51,6 @@ from kernelfleet.gateway.replication import (
 )
 from kernelfleet.gateway.store import KernelStore
 from kernelfleet.scheduler import FleetSnapshot, HostSnapshot, Placement, PlacementRequest, Policy
-from kernelfleet.scheduler.decisions import Reject, RunOn
-from kernelfleet.scheduler.policy import ExecuteRequest
-from kernelfleet.scheduler.snapshot import KernelSnapshot
 
 log = logging.getLogger("kernelfleet.gateway.kernels")
 
@@ -67,6 +67,7 @@ class KernelService:
         allowed_env: set[str],
         replication: ReplicationSettings | None = None,
         store: KernelStore | None = None,
+        metrics: FleetMetrics | None = None,
     ) -> None:
         self._hosts = hosts
         self._policy = policy
@@ -79,6 +80,9 @@ class KernelService:
         self._context = zmq.asyncio.Context()
         self._repairs: set[asyncio.Future[None]] = set()
         self._status_session = Session(username="kernelfleet")
+        self.ledger = GpuLedger()
+        self.metrics = metrics or FleetMetrics()
+        self._chooser = ExecutorChooser(policy, self.ledger, self, self.metrics)
 
     # ---- queries ---------------------------------------------------------------------------
 
@@ -92,25 +96,12 @@ class KernelService:
         return list(self._kernels.values())
 
     def snapshot(self) -> FleetSnapshot:
-        """The fleet as policies see it. A live replica subscribes its kernel's GPU need on its
-        host; nothing is committed yet, since GPUs are not bound to running cells so far."""
-        replicas_on: dict[str, int] = {}
-        subscribed_on: dict[str, int] = {}
-        for kernel in self._kernels.values():
-            for replica in kernel.replicas:
-                if replica.state != "dead":
-                    replicas_on[replica.host_id] = replicas_on.get(replica.host_id, 0) + 1
-                    subscribed_on[replica.host_id] = (
-                        subscribed_on.get(replica.host_id, 0) + kernel.gpus
-                    )
+        """The fleet as policies see it: each host's GPUs from the ledger (subscribed by idle
+        replicas, committed to running cells)."""
         hosts = tuple(
-            HostSnapshot(
-                id=host.id,
-                gpus_total=len(host.gpus),
-                gpus_subscribed=subscribed_on.get(host.id, 0),
-                replicas=replicas_on.get(host.id, 0),
-                alive=host.alive,
-            )
+            self.ledger.host_snapshot(host.id, host.alive)
+            if host.id in self.ledger.hosts()
+            else HostSnapshot(id=host.id, gpus_total=len(host.gpus), alive=host.alive)
             for host in self._hosts.all()
         )
         return FleetSnapshot(hosts=hosts)
@@ -132,11 +123,14 @@ class KernelService:
         )
         placement = self._place(kernel)
         self._kernels[kernel.id] = kernel
+        started = time.monotonic()
         try:
             await self._launch_group(kernel, placement.host_ids)
         except BaseException:
             self._kernels.pop(kernel.id, None)
+            self.ledger.remove_kernel(kernel.id)
             raise
+        self.metrics.kernel_start.observe(time.monotonic() - started)
         self.persist()
         log.info("kernel %s (%s) started on %s", kernel.id, name, ", ".join(placement.host_ids))
         return kernel
@@ -232,6 +226,8 @@ class KernelService:
             if kernel.link is not None:
                 kernel.link.close("the kernel was shut down")
             await self._stop_replicas(kernel)
+        self.ledger.remove_kernel(kernel_id)
+        self._chooser.capacity_changed()
         self.persist()
         log.info("kernel %s shut down", kernel_id)
 
@@ -287,6 +283,8 @@ class KernelService:
             for replica in kernel.replicas:
                 if replica.host_id not in alive:
                     replica.state = "dead"
+                else:
+                    self._subscribe(kernel, replica)
             self._kernels[kernel.id] = kernel
             try:
                 await self._link(kernel)
@@ -301,6 +299,10 @@ class KernelService:
 
     def on_host_report(self, host: HostRecord, restarted: bool) -> None:
         """Apply a host's report. After an agent restart, replicas it does not list are dead."""
+        vanished = self.ledger.set_host(host.id, device_ids_of(host.gpus))
+        if vanished:
+            log.error("host %s no longer reports GPU(s) %s", host.id, ", ".join(vanished))
+        self._chooser.capacity_changed()
         reported = {model.get("id"): model for model in host.replicas if isinstance(model, dict)}
         for kernel in self._kernels.values():
             for replica in kernel.replicas:
@@ -317,6 +319,8 @@ class KernelService:
                     self._replica_died(kernel, replica, f"the agent on {host.id} restarted")
 
     def on_host_lost(self, host: HostRecord) -> None:
+        self.ledger.drop_host(host.id)
+        self._chooser.capacity_changed()
         for kernel in self._kernels.values():
             for replica in kernel.replicas:
                 if replica.host_id == host.id and replica.state != "dead":
@@ -352,6 +356,7 @@ class KernelService:
             raft_address=model.get("raft_address"),
         )
         replica.update(model)
+        self._subscribe(kernel, replica)
         return replica
 
     async def _restart_replica(self, kernel: KernelRecord, replica: ReplicaRecord) -> ReplicaRecord:
@@ -366,6 +371,7 @@ class KernelService:
             else:
                 replica.update(model)
                 replica.connection = ConnectionInfo.from_dict(model["connection"])
+                self._subscribe(kernel, replica)
                 return replica
         others = {r.host_id for r in kernel.replicas if r is not replica}
         snapshot = self.snapshot()
@@ -389,6 +395,7 @@ class KernelService:
             self._context,
             lambda replica_id, message: self._on_iopub(kernel, replica_id, message),
             lambda cell: self._assign(kernel, cell),
+            self._cell_started,
         )
         kernel.link = link
         # The last executor first: it is the primary, which answers everything but cells.
@@ -410,38 +417,27 @@ class KernelService:
         kernel.execution_state = "idle"
 
     async def _assign(self, kernel: KernelRecord, cell: Cell) -> Assignment:
-        """Choose the replica that runs `cell`: the policy's choice among the linked replicas
-        (the previous executor first, if its host can commit the cell's GPUs)."""
-        link = kernel.link
-        linked = [
-            r
-            for r in kernel.replicas
-            if link is not None and r.id in link.feeds and r.id not in cell.excluded
-        ]
-        if not linked:
-            tried = (
-                f" ({', '.join(sorted(cell.excluded))} could not run it)" if cell.excluded else ""
-            )
-            raise KernelDead(f"kernel {kernel.id} has no live replica for this cell{tried}")
-        gpus = kernel.gpus if cell.gpus is None else cell.gpus
-        executor = next((r for r in linked if r.id == kernel.executor), None)
-        request = ExecuteRequest(
-            KernelSnapshot(
-                kernel.id,
-                gpus,
-                tuple(r.host_id for r in linked),
-                executor.host_id if executor else None,
-            ),
-            gpus,
-        )
-        decision = self._policy.choose_executor(self.snapshot(), request)
-        if isinstance(decision, RunOn):
-            replica = next(r for r in linked if r.host_id == decision.host_id)
-            return Assignment(replica.id)
-        if isinstance(decision, Reject):
-            raise NoCapacity(f"this cell {decision.reason.value} ({decision.detail})")
-        replica = executor or linked[0]
-        return Assignment(replica.id)
+        return await self._chooser.assign(kernel, cell)
+
+    def _cell_started(self, cell: Cell) -> None:
+        """The executor began `cell`: its start delay is the time since the gateway got it."""
+        self.metrics.cell_start_delay.observe(time.monotonic() - cell.received_at)
+
+    async def move_replica(self, kernel: KernelRecord, replica: ReplicaRecord, host: str) -> None:
+        """Move `replica` to `host` for a cell of `kernel` (the policy's `Migrate`)."""
+        async with kernel.lifecycle:
+            await self._move(kernel, replica, host)
+
+    async def release_memory(self, kernel_id: str, replica_id: str) -> None:
+        """Ask a replica to move its GPU memory to the host (someone else's cell needs it)."""
+        kernel = self.get(kernel_id)
+        replica = next(r for r in kernel.replicas if r.id == replica_id)
+        if replica.state == "dead":
+            return
+        await ask(
+            self._context, replica.connection, "control", "kernelfleet_release", {},
+            self._replication.join_timeout, f"replica {replica_id} releasing its GPUs",
+        )  # fmt: skip
 
     def _on_iopub(self, kernel: KernelRecord, replica_id: str, message: KernelMessage) -> None:
         kernel.last_activity = datetime.now(UTC)
@@ -474,6 +470,7 @@ class KernelService:
         log.error(
             "kernel %s: replica %s on %s died: %s", kernel.id, replica.id, replica.host_id, why
         )
+        self._unsubscribe(kernel, replica)
         self.persist()
         if kernel.dead:
             kernel.execution_state = "dead"
@@ -551,7 +548,12 @@ class KernelService:
 
     async def _move(self, kernel: KernelRecord, old: ReplicaRecord, host_id: str | None) -> None:
         """Add-first: a new replica joins and catches up, the old one stops and leaves."""
-        new = await self._replace(kernel, old, host_id, old_alive=True)
+        try:
+            new = await self._replace(kernel, old, host_id, old_alive=True)
+        except BaseException:
+            self.metrics.migrations.labels(outcome="failed").inc()
+            raise
+        self.metrics.migrations.labels(outcome="succeeded").inc()
         if kernel.executor == old.id:
             kernel.executor = new.id  # the successor is as warm, and the policy chose its host
         kernel.lost_replicas.append(old.id)
@@ -635,7 +637,22 @@ class KernelService:
     async def _stop_replicas(self, kernel: KernelRecord) -> None:
         await self._stop_replicas_of(kernel, kernel.replicas)
 
+    def _subscribe(self, kernel: KernelRecord, replica: ReplicaRecord) -> None:
+        """The replica claims its kernel's GPU need on its host (which the ledger learns of)."""
+        if replica.host_id not in self.ledger.hosts():
+            host = self._hosts.get(replica.host_id)
+            self.ledger.set_host(host.id, device_ids_of(host.gpus))
+        self.ledger.subscribe(replica.host_id, kernel.id, replica.id, kernel.gpus)
+
+    def _unsubscribe(self, kernel: KernelRecord, replica: ReplicaRecord) -> None:
+        """The replica is gone (or going): its GPU claim and any binding go back to the pool."""
+        self.ledger.unsubscribe(kernel.id, replica.id)
+        self._chooser.capacity_changed()
+
     async def _stop_replicas_of(self, kernel: KernelRecord, replicas: list[ReplicaRecord]) -> None:
+        for replica in replicas:
+            self._unsubscribe(kernel, replica)
+
         async def stop(replica: ReplicaRecord) -> None:
             try:
                 host = self._hosts.get(replica.host_id)

@@ -144,7 +144,8 @@ class ReplicationSettings:
     """How many replicas a kernel gets, and where their shared objects live.
 
     A kernelspec listed in `launch_names` runs as `replicas` replicas of its replicated twin
-    (the hosts' kernelspec of that name); any other kernelspec runs as one plain replica.
+    (the hosts' kernelspec of that name, which also binds GPUs per cell; with one replica it
+    joins no group); any other kernelspec runs as one plain replica.
     """
 
     replicas: int = 1
@@ -154,6 +155,6 @@ class ReplicationSettings:
 
     def plan(self, name: str) -> tuple[str, int]:
         """(the kernelspec hosts launch, the number of replicas) for kernelspec `name`."""
-        if self.replicas > 1 and name in self.launch_names:
+        if name in self.launch_names:
             return self.launch_names[name], self.replicas
         return name, 1

@@ -126,6 +126,13 @@ class Fleet:
             status, raw = e.code, e.read()
         return status, (json.loads(raw) if raw else None)
 
+    def request_text(self, method: str, path: str) -> str:
+        """Call the gateway with the token; the body as text (``/metrics``), 200 expected."""
+        headers = {"Authorization": f"token {self.token}"}
+        request = urllib.request.Request(self.url + path, method=method, headers=headers)
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return str(response.read().decode())
+
     def api(self, method: str, path: str, body: Any = None, expect: int = 200) -> Any:
         status, payload = self.request(method, path, body)
         assert status == expect, f"{method} {path}: {status} {payload}"

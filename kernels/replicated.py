@@ -34,6 +34,7 @@ Run as ``python -m kernelfleet.kernels.replicated -f CONNECTION_FILE``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 import time
@@ -48,6 +49,7 @@ from ipykernel.kernelapp import IPKernelApp
 from kernelfleet import __version__
 from kernelfleet.raft import KernelLog, NotCommitted, Proposal, Role, StateDelta
 
+from .gpu_binding import GpuBinder, MoveReport
 from .objectstore import LocalDirectoryStore, ObjectStore
 from .statesync import NamespaceTracker, apply, encode
 from .statesync_delta import ApplyFailed, EncodedDelta
@@ -80,6 +82,8 @@ class ReplicatedKernel(IPythonKernel):
         self.control_handlers["kernelfleet_membership_request"] = self.membership_request
         self.control_handlers["kernelfleet_forget_request"] = self.forget_request
         self.control_handlers["kernelfleet_status_request"] = self.status_request
+        self.control_handlers["kernelfleet_release_request"] = self.gpu_release_request
+        self.gpus = GpuBinder()
         self.replica_id = os.environ.get("KERNELFLEET_REPLICA_ID", "")
         self.replica_dir = Path(os.environ.get("KERNELFLEET_REPLICA_DIR", "."))
         self.group: _Group | None = None
@@ -204,11 +208,12 @@ class ReplicatedKernel(IPythonKernel):
 
     async def execute_request(self, stream: Any, ident: Any, parent: dict) -> None:
         group = self.group
+        options = _cell_options(parent)
         if group is None:
+            self._bind_gpus(tuple(options.get("devices") or ()))
             await super().execute_request(stream, ident, parent)
             return
         cell_id = parent["header"]["msg_id"]
-        options = _cell_options(parent)
         attempt = int(options.get("attempt", 0))
         if options.get("role") == "yield":
             self._yield(group, cell_id, attempt)
@@ -236,6 +241,7 @@ class ReplicatedKernel(IPythonKernel):
             self._reply_aborted(stream, ident, parent, {"duplicate_of": winner})
             return
         await self._wait_for_owed_deltas()
+        self._bind_gpus(tuple(options.get("devices") or ()))
         await super().execute_request(stream, ident, parent)
         self.publishing = asyncio.ensure_future(self._publish(group, cell_id))
 
@@ -253,6 +259,36 @@ class ReplicatedKernel(IPythonKernel):
             )
             self.owing.clear()
             self.settled.set()
+
+    def _bind_gpus(self, devices: tuple[str, ...]) -> None:
+        """Make `devices` this cell's GPUs; memory left on other devices moves onto them."""
+        namespace = self.user_shell.user_ns
+        if devices and self.gpus.bound and devices != self.gpus.bound:
+            self.gpus.release(namespace)
+        if devices:
+            self.gpus.reacquire(namespace, devices)
+        else:
+            self.gpus.bind(())
+
+    async def gpu_release_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        """Move this replica's GPU memory to the host: another cell got its devices (control
+        thread; the move runs on the main loop, between cells)."""
+        loop = self.group.loop if self.group is not None else None
+        try:
+            if loop is None:
+                report = self.gpus.release(self.user_shell.user_ns)
+            else:
+                call = asyncio.run_coroutine_threadsafe(self._release_gpus(), loop)
+                report = await asyncio.wrap_future(call)
+            reply: dict[str, Any] = {"status": "ok", **dataclasses.asdict(report)}
+        except Exception as e:
+            self.log.exception("replica %s could not release its GPUs", self.replica_id)
+            reply = {"status": "error", "ename": type(e).__name__, "evalue": str(e)}
+        assert self.session is not None
+        self.session.send(stream, "kernelfleet_release_reply", reply, parent, ident)
+
+    async def _release_gpus(self) -> MoveReport:
+        return self.gpus.release(self.user_shell.user_ns)
 
     def _yield(self, group: _Group, cell_id: str, attempt: int) -> None:
         """Record in the log that this replica yields `cell_id` (off the critical path)."""

@@ -16,6 +16,7 @@ from kernelfleet.gateway.handlers.jupyter import (
     KernelSpecResourceHandler,
     KernelSpecsHandler,
 )
+from kernelfleet.gateway.handlers.metrics import MetricsHandler
 from kernelfleet.web import NotFoundHandler
 
 _KERNEL_ID = r"(?P<kernel_id>[\w-]+)"
@@ -39,5 +40,6 @@ def routes() -> list[tuple[str, type]]:
             rf"/api/fleet/kernels/{_KERNEL_ID}/replicas/(?P<replica_id>[\w.-]+)/migrate/?",
             ReplicaMigrateHandler,
         ),
+        (r"/metrics", MetricsHandler),
         (r".*", NotFoundHandler),
     ]
