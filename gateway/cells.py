@@ -230,8 +230,10 @@ class CellQueue:
                 await self._run_cell(cell)
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as e:
                 log.exception("kernel %s: cell %s failed in the gateway", self.kernel_id, cell.id)
+                if not cell.started.done():
+                    self._end_unsent(cell, "GatewayError", f"the gateway could not run it: {e}")
             finally:
                 self.current = None
                 self.current_assignment = None

@@ -5,7 +5,8 @@
 answer:
 
 - `RunOn`: commit the cell's GPUs on that replica's host, exclusively, until the cell ends;
-- `Migrate`: move the replica (add-first, state kept), then ask again;
+- `Migrate`: move the replica (add-first, state kept), then ask again; a kernel with a
+  single replica cannot move without losing its state, so its cell waits instead;
 - `Queue` / `ScaleOut`: wait until GPUs are released or hosts change, showing the user why
   ("waiting for 2 GPUs — 1 cell ahead of you"), then ask again; an interrupt cancels the wait;
 - `Reject`: fail the cell at once with the policy's reason.
@@ -90,7 +91,7 @@ class ExecutorChooser:
                             waited = time.monotonic() - waited_since
                             cell.say(f"kernelfleet: waited {waited:.1f} s for {_gpus(gpus)}")
                         return assignment
-                elif isinstance(decision, Migrate):
+                elif isinstance(decision, Migrate) and kernel.replicated:
                     source = next(r for r in replicas if r.host_id == decision.from_host)
                     cell.say(
                         f"kernelfleet: moving a replica to {decision.to_host} to get {_gpus(gpus)}"
