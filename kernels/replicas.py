@@ -36,7 +36,8 @@ log = logging.getLogger("kernelfleet.host.replicas")
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 LOG_TAIL_LINES = 30
-RAFT_PORTS_FROM = 20000  # Raft ports are drawn from here up to the ephemeral range
+PORTS_FROM = 20000  # replicas' ZMQ and Raft ports are drawn from here up to the ephemeral range
+ZMQ_PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 CONNECTION_KEYS = (
     "transport",
     "ip",
@@ -298,7 +299,11 @@ class ReplicaTable:
             ip=self.kernel_ip,
             connection_file=str(directory / "connection.json"),
             shutdown_wait_time=self.stop_timeout,
+            cache_ports=False,  # jupyter_client's cache would replace the ports set here
         )
+        ports = _free_ports(self.kernel_ip, len(ZMQ_PORTS))
+        for name, port in zip(ZMQ_PORTS, ports, strict=True):
+            setattr(km, name, port)
         replica = Replica(request, km, directory, timeout)
         if request.raft:
             replica.raft_address = f"{self.raft_ip}:{_free_port(self.raft_ip)}"
@@ -621,22 +626,38 @@ async def _kill_quietly(replica: Replica) -> int | None:
 
 
 def _free_port(ip: str) -> int:
-    """A port free on `ip` now, for the replica to bind when it joins its Raft group.
+    """A port free on `ip` now, for the replica to bind when it joins its Raft group."""
+    return _free_ports(ip, 1)[0]
 
-    It is drawn below the kernel's ephemeral range: a port from that range (what binding to
-    port 0 gives) can be taken by any outgoing connection before the replica binds it.
+
+def _free_ports(ip: str, count: int) -> list[int]:
+    """`count` distinct ports free on `ip` now, for a replica to bind once it starts.
+
+    They are drawn below the kernel's ephemeral range: a port from that range (what binding to
+    port 0 gives, and what jupyter_client picks by default) can be taken by any outgoing
+    connection before the replica binds it.
     """
     low = _ephemeral_range()[0]
-    for port in random.sample(range(RAFT_PORTS_FROM, low), k=min(64, low - RAFT_PORTS_FROM)):
-        with socket.socket() as sock:
+    held: list[socket.socket] = []
+    try:
+        for port in random.sample(range(PORTS_FROM, low), k=min(256, low - PORTS_FROM)):
+            sock = socket.socket()
             try:
                 sock.bind((ip, port))
             except OSError:
+                sock.close()
                 continue
-            return port
-    with socket.socket() as sock:
-        sock.bind((ip, 0))
-        return int(sock.getsockname()[1])
+            held.append(sock)
+            if len(held) == count:
+                break
+        while len(held) < count:  # the low range is crowded: fall back to the kernel's choice
+            sock = socket.socket()
+            sock.bind((ip, 0))
+            held.append(sock)
+        return [int(sock.getsockname()[1]) for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
 
 
 def _ephemeral_range() -> tuple[int, int]:
