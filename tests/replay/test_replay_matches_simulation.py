@@ -3,8 +3,9 @@
 ``june_slice.csv`` is the slice ``--start 27557 --sessions 6`` of Adobe's June trace
 (../shared/traces/sensei_june_60sec.csv): 6 sessions, 18 events of 1 and 8 GPUs over 51 trace
 minutes, rows kept verbatim and ordered so that session recovery finds the same 6 sessions.
-The fleet is real (a gateway and 3 host agents with 8 virtual GPUs each, ipykernel kernels);
-the simulation gets the same fleet, fixed (``max_hosts = hosts``), and the same session model.
+The fleet is real (a gateway and 3 host agents with 8 virtual GPUs each, kernels of 3 replicas
+as the ``notebookos`` policy has them, so a cell can run wherever its GPUs are free); the
+simulation gets the same fleet, fixed (``max_hosts = hosts``), and the same session model.
 """
 
 from __future__ import annotations
@@ -25,17 +26,18 @@ SLICE = Path(__file__).with_name("june_slice.csv")
 TIME_SCALE = 600  # 10 trace minutes per wall second: the 82-minute slice takes 8.2 s
 
 # Tolerances, from what the two runs cannot share:
-# - GPU-hours, 3%: every live cell holds its kernel a few ms beyond its scaled duration (the
-#   request, the reply and the idle status cross the gateway), and each session's later cells
-#   shift by that much. At 600x, 10 ms of wall time is 6 trace seconds; the slice's 18 cells
-#   (3-8 trace minutes each) grow by about 1% and its 82-minute window by under 0.5%.
-#   Measured: committed +0.8 to +1.0%, provisioned +0.4 to +0.5%.
+# - GPU-hours, 5%: every live cell holds its kernel some ms beyond its scaled duration (the
+#   request, the reply and the idle status cross the gateway; the executor commits its LEAD
+#   through Raft), and each session's later cells shift by that much. At 600x, 10 ms of wall
+#   time is 6 trace seconds; the slice's 18 cells (3-8 trace minutes each) grow by 1-3% and its
+#   82-minute window by 0.5-2%. Measured with 3 replicas on a busy 2-core machine: committed
+#   +2.5 to +3.9%, provisioned +0.6 to +2.0% (with 1 replica: +0.8 to +1.0%, +0.4 to +0.5%).
 # - Start delay, 0.5 wall seconds: the simulator has no protocol overhead, and in this
 #   uncontended slice no cell waits, so it predicts 0; a live cell starts when the gateway has
 #   relayed the request and the kernel's busy status (measured p99: 9-16 ms; 0.5 s leaves room for
 #   a loaded 2-core machine). In trace seconds this is 600 times larger, so the delay check is
 #   made in wall seconds.
-GPU_HOURS_TOLERANCE = 0.03
+GPU_HOURS_TOLERANCE = 0.05
 WALL_DELAY_TOLERANCE_S = 0.5
 
 
@@ -43,14 +45,10 @@ def relative(live: float, simulated: float) -> float:
     return (live - simulated) / simulated
 
 
-@pytest.mark.skip(
-    reason="hangs since cells commit GPUs per cell (commit 7a451cc): the replay never finishes; "
-    "open defect, see the issue 5 note"
-)
 @pytest.mark.timeout(90)
 def test_live_replay_agrees_with_the_simulation(tmp_path: Path) -> None:
     out = tmp_path / "live.json"
-    fleet = start_fleet(tmp_path / "fleet", hosts=3, gpus=8)
+    fleet = start_fleet(tmp_path / "fleet", hosts=3, gpus=8, replicas=3)
     started = time.monotonic()
     try:
         app = ReplayApp()
