@@ -21,24 +21,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kernelfleet.scheduler.autoscale import AutoscaleConfig
-from kernelfleet.scheduler.decisions import (
-    ExecutorDecision,
-    Migrate,
-    Queue,
-    QueueReason,
-    Reject,
-    RejectReason,
-    RunOn,
-    ScaleOut,
-)
-from kernelfleet.scheduler.policies import (
-    NotebookOSPolicy,
-    _hosts,
-    _migration_source,
-    _too_large,
-)
-from kernelfleet.scheduler.policy import ExecuteRequest
-from kernelfleet.scheduler.snapshot import FleetSnapshot, HostSnapshot
+from kernelfleet.scheduler.policies import NotebookOSPolicy
+from kernelfleet.scheduler.snapshot import FleetSnapshot, HostSnapshot, KernelSnapshot
 
 
 class PackingPolicy(NotebookOSPolicy):
@@ -49,28 +33,15 @@ class PackingPolicy(NotebookOSPolicy):
     def __init__(self, autoscaling: AutoscaleConfig | None = None, buffer_hosts: int = 0) -> None:
         super().__init__(replace(autoscaling or AutoscaleConfig(), buffer_hosts=buffer_hosts))
 
-    def choose_executor(self, snapshot: FleetSnapshot, request: ExecuteRequest) -> ExecutorDecision:
-        """The replica host with the fewest idle GPUs that can commit the cell's (previous
-        executor first on a tie); else migrate the replica on the busiest host to
-        `best_fit_target`; else scale out (or wait for hosts already being added)."""
-        kernel = request.kernel
-        if not kernel.replica_hosts:
-            return Reject(RejectReason.NO_REPLICAS, f"kernel {kernel.id} has no replica")
-        too_large = _too_large(snapshot, request.gpus)
-        if too_large is not None:
-            return too_large
-        replicas = _hosts(snapshot, kernel.replica_hosts)
-        able = [host for host in replicas if host.can_commit(request.gpus)]
-        if able:
-            best = min(able, key=lambda h: (h.gpus_idle, h.id != kernel.executor_host, h.id))
-            return RunOn(best.id)
-        target = best_fit_target(snapshot, request.gpus, exclude=kernel.replica_hosts)
-        if target is not None:
-            source = _migration_source(replicas, kernel.replica_hosts, kernel.executor_host)
-            return Migrate(from_host=source, to_host=target.id)
-        if snapshot.hosts_pending > 0 or snapshot.gpus_per_host <= 0:
-            return Queue(QueueReason.WAITING_FOR_GPUS, f"waiting for {request.gpus} GPU(s)")
-        return ScaleOut(1)
+    def pick_executor(self, able: list[HostSnapshot], kernel: KernelSnapshot) -> HostSnapshot:
+        """The replica host with the fewest idle GPUs that can commit the cell's (best fit;
+        the previous executor first on a tie)."""
+        return min(able, key=lambda h: (h.gpus_idle, h.id != kernel.executor_host, h.id))
+
+    def migration_target_for(
+        self, snapshot: FleetSnapshot, gpus: int, exclude: tuple[str, ...]
+    ) -> HostSnapshot | None:
+        return best_fit_target(snapshot, gpus, exclude)
 
 
 def best_fit_target(

@@ -30,7 +30,7 @@ from kernelfleet.scheduler.policy import (
     Policy,
     StateSync,
 )
-from kernelfleet.scheduler.snapshot import FleetSnapshot, HostSnapshot
+from kernelfleet.scheduler.snapshot import FleetSnapshot, HostSnapshot, KernelSnapshot
 
 SUBSCRIPTION_RATIO_CAP = 7.0
 
@@ -93,30 +93,35 @@ class NotebookOSPolicy(AutoscalingPolicy):
         return Queue(reason, detail)
 
     def choose_executor(self, snapshot: FleetSnapshot, request: ExecuteRequest) -> ExecutorDecision:
-        """Previous executor if its host can commit the GPUs; else the replica whose host has the
-        most idle GPUs; else migrate the replica on the busiest host to the least loaded host
-        that can commit them; else scale out (or wait for hosts already being added)."""
+        """A replica host that can commit the GPUs (`pick_executor` says which); else migrate
+        the replica on the busiest host to `migration_target_for`; else scale out (or wait for
+        hosts already being added)."""
         kernel = request.kernel
         if not kernel.replica_hosts:
             return Reject(RejectReason.NO_REPLICAS, f"kernel {kernel.id} has no replica")
         too_large = _too_large(snapshot, request.gpus)
         if too_large is not None:
             return too_large
-        previous = snapshot.host(kernel.executor_host) if kernel.executor_host else None
-        in_kernel = previous is not None and previous.id in kernel.replica_hosts
-        if previous is not None and in_kernel and previous.can_commit(request.gpus):
-            return RunOn(previous.id)
         replicas = _hosts(snapshot, kernel.replica_hosts)
         able = [host for host in replicas if host.can_commit(request.gpus)]
         if able:
-            return RunOn(min(able, key=lambda h: (-h.gpus_idle, h.id)).id)
-        target = migration_target(snapshot, request.gpus, exclude=kernel.replica_hosts)
+            return RunOn(self.pick_executor(able, kernel).id)
+        target = self.migration_target_for(snapshot, request.gpus, kernel.replica_hosts)
         if target is not None:
             source = _migration_source(replicas, kernel.replica_hosts, kernel.executor_host)
             return Migrate(from_host=source, to_host=target.id)
-        if snapshot.hosts_pending > 0 or snapshot.gpus_per_host <= 0:
-            return Queue(QueueReason.WAITING_FOR_GPUS, f"waiting for {request.gpus} GPU(s)")
-        return ScaleOut(1)
+        return _grow_or_wait(snapshot, request.gpus)
+
+    def pick_executor(self, able: list[HostSnapshot], kernel: KernelSnapshot) -> HostSnapshot:
+        """Among replica hosts that can commit the cell's GPUs: the previous executor's, else
+        the one with the most idle GPUs (then by id)."""
+        previous = next((host for host in able if host.id == kernel.executor_host), None)
+        return previous or min(able, key=lambda h: (-h.gpus_idle, h.id))
+
+    def migration_target_for(
+        self, snapshot: FleetSnapshot, gpus: int, exclude: tuple[str, ...]
+    ) -> HostSnapshot | None:
+        return migration_target(snapshot, gpus, exclude)
 
 
 class ReservationPolicy(AutoscalingPolicy):
