@@ -287,7 +287,7 @@ class ClientLink:
         self._link = link
         self.deliver = deliver
         self.on_closed = on_closed
-        self._session = ConnectionInfo("", 0, 0, 0, 0, 0, "").session(session_id)
+        self._session = Session(session=session_id, username="kernelfleet")
         self._identity = f"{session_id}-{uuid.uuid4().hex[:8]}".encode()
         self._pending: dict[str, tuple[bytes, str]] = {}  # execute msg_id -> raw header, replica
         self._sockets: dict[str, dict[str, zmq.asyncio.Socket]] = {}

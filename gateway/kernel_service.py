@@ -28,7 +28,7 @@ from kernelfleet.errors import (
     KernelStartFailed,
     NotFound,
 )
-from kernelfleet.gateway.cells import Assignment, Cell
+from kernelfleet.gateway.cells import Cell
 from kernelfleet.gateway.channels import ClientLink, ConnectionInfo, Deliver, KernelLink, OnClosed
 from kernelfleet.gateway.executors import ExecutorChooser
 from kernelfleet.gateway.framing import KernelMessage, kernel_message_from_dict
@@ -394,7 +394,7 @@ class KernelService:
             kernel.id,
             self._context,
             lambda replica_id, message: self._on_iopub(kernel, replica_id, message),
-            lambda cell: self._assign(kernel, cell),
+            lambda cell: self._chooser.assign(kernel, cell),
             self._cell_started,
         )
         kernel.link = link
@@ -416,9 +416,6 @@ class KernelService:
                 )
         kernel.execution_state = "idle"
 
-    async def _assign(self, kernel: KernelRecord, cell: Cell) -> Assignment:
-        return await self._chooser.assign(kernel, cell)
-
     def _cell_started(self, cell: Cell) -> None:
         """The executor began `cell`: its start delay is the time since the gateway got it."""
         self.metrics.cell_start_delay.observe(time.monotonic() - cell.received_at)
@@ -431,9 +428,9 @@ class KernelService:
     async def release_memory(self, kernel_id: str, replica_id: str) -> None:
         """Ask a replica to move its GPU memory to the host (someone else's cell needs it)."""
         kernel = self.get(kernel_id)
-        replica = next(r for r in kernel.replicas if r.id == replica_id)
-        if replica.state == "dead":
-            return
+        replica = next((r for r in kernel.replicas if r.id == replica_id), None)
+        if replica is None or replica.state == "dead":
+            return  # gone: its memory went with it
         await ask(
             self._context, replica.connection, "control", "kernelfleet_release", {},
             self._replication.join_timeout, f"replica {replica_id} releasing its GPUs",

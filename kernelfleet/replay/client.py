@@ -29,8 +29,9 @@ class ReplayError(FleetError):
 @dataclass(frozen=True)
 class CellTiming:
     """One cell as the client saw it, on the `time.monotonic` clock: sent, started (the
-    kernel's ``status: busy`` or ``execute_input`` for it, whichever came first), ended (its
-    ``status: idle``), and the reply's status (``ok``, ``error``, ``aborted``)."""
+    executor's ``execute_input`` for it; the gateway's own ``busy`` while the cell waits for
+    GPUs does not count), ended (its ``status: idle``), and the reply's status (``ok``,
+    ``error``, ``aborted``)."""
 
     sent: float
     started: float
@@ -144,8 +145,8 @@ class KernelChannel:
             state = received["content"].get("execution_state") if kind == "status" else None
             if state == "dead":
                 raise ReplayError("the kernel died during the cell")
-            if started is None and (state == "busy" or kind == "execute_input"):
-                started = time.monotonic()
+            if started is None and kind == "execute_input":
+                started = time.monotonic()  # not "busy": the gateway says busy while a cell waits
             elif state == "idle":
                 idle = time.monotonic()
             elif kind == "execute_reply":
