@@ -115,8 +115,6 @@ class CellQueue:
         self._dispatch = dispatch
         self._waiting: deque[Cell] = deque()
         self._wakeup = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._paused = 0
         self.current: Cell | None = None
         self.current_assignment: Assignment | None = None
@@ -125,23 +123,14 @@ class CellQueue:
 
     def submit(self, cell: Cell) -> None:
         self._waiting.append(cell)
-        self._idle.clear()
         self._wakeup.set()
 
-    @property
-    def length(self) -> int:
-        return len(self._waiting) + (self.current is not None and not self.current.started.done())
-
-    def cancel_waiting(self, why: str) -> int:
-        """Cancel every cell not yet sent to a replica (an interrupt); returns how many."""
-        cancelled = 0
+    def cancel_waiting(self, why: str) -> None:
+        """Cancel every cell not yet sent to a replica (an interrupt)."""
         if self.current is not None and self._assigning is not None:
             self._assigning.cancel()
-            cancelled += 1
         while self._waiting:
             self._end_unsent(self._waiting.popleft(), "KeyboardInterrupt", why)
-            cancelled += 1
-        return cancelled
 
     def finish(self, cell_id: str, status: str, replica_id: str | None = None) -> None:
         """The cell `cell_id` ended with `status` (on `replica_id`, if given); ignored if it is
@@ -204,9 +193,6 @@ class CellQueue:
             self._paused -= 1
             self._wakeup.set()
 
-    async def wait_idle(self) -> None:
-        await self._idle.wait()
-
     def close(self, why: str) -> None:
         """Stop: cells not yet sent get an error reply saying `why`."""
         self._runner.cancel()
@@ -220,8 +206,6 @@ class CellQueue:
     async def _run(self) -> None:
         while True:
             while not self._waiting or self._paused:
-                if not self._waiting:
-                    self._idle.set()
                 self._wakeup.clear()
                 await self._wakeup.wait()
             cell = self._waiting.popleft()
