@@ -38,6 +38,8 @@ ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 LOG_TAIL_LINES = 30
 PORTS_FROM = 20000  # replicas' ZMQ and Raft ports are drawn from here up to the ephemeral range
 ZMQ_PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+PORT_ATTEMPTS = 3  # launches with fresh ports when another process took one first
+PORT_TAKEN = "Address already in use"
 CONNECTION_KEYS = (
     "transport",
     "ip",
@@ -172,6 +174,8 @@ class Replica:
         self.log_file: IO[bytes] | None = None
         self.launch_timeout = launch_timeout  # the default for restarts
         self.raft_address: str | None = None
+        self.ports: list[int] = []
+        """The ports this agent gave the replica: 5 ZMQ ports, then its Raft port if any."""
 
     def open_log(self) -> None:
         """Open kernel.log for appending (the kernel's stdout and stderr); kept open until stop."""
@@ -251,6 +255,7 @@ class ReplicaTable:
         self.root_dir = root_dir
         self.kernel_ip = kernel_ip
         self.raft_ip = raft_ip or kernel_ip
+        self._ports_given: set[int] = set()  # ports handed to live replicas, bound or not yet
         self.launch_timeout = launch_timeout
         self.stop_timeout = stop_timeout
         self.poll_interval = poll_interval
@@ -301,12 +306,13 @@ class ReplicaTable:
             shutdown_wait_time=self.stop_timeout,
             cache_ports=False,  # jupyter_client's cache would replace the ports set here
         )
-        ports = _free_ports(self.kernel_ip, len(ZMQ_PORTS))
-        for name, port in zip(ZMQ_PORTS, ports, strict=True):
-            setattr(km, name, port)
         replica = Replica(request, km, directory, timeout)
+        self._assign_ports(replica)
         if request.raft:
-            replica.raft_address = f"{self.raft_ip}:{_free_port(self.raft_ip)}"
+            raft_port = _free_ports(self.raft_ip, 1, avoid=self._ports_given)[0]
+            self._ports_given.add(raft_port)
+            replica.ports.append(raft_port)
+            replica.raft_address = f"{self.raft_ip}:{raft_port}"
         self._replicas[replica.id] = replica
         self._changed()
         async with replica.lock:
@@ -318,7 +324,17 @@ class ReplicaTable:
                     "stdout": replica.log_file,
                     "stderr": replica.log_file,
                 }
-                await self._launch(replica, timeout, lambda: km.start_kernel(**launch_args))
+                for attempt in range(1, PORT_ATTEMPTS + 1):
+                    try:
+                        await self._launch(replica, timeout, lambda: km.start_kernel(**launch_args))
+                        break
+                    except KernelStartFailed as e:
+                        if PORT_TAKEN not in e.message or attempt == PORT_ATTEMPTS:
+                            raise
+                        log.warning("replica %s: a port was taken; new ports", replica.id)
+                        km.cleanup_connection_file()
+                        self._assign_ports(replica)
+                        self._set_state(replica, ReplicaState.RESTARTING)
                 self._check_not_closing()
             except BaseException:
                 if self._replicas.get(replica.id) is replica:
@@ -493,7 +509,7 @@ class ReplicaTable:
         started = time.monotonic()
         try:
             await launch()
-            await _wait_ready(replica.km, ready_within)
+            await _wait_ready(replica.km, ready_within, lambda: replica.log_tail(offset))
         except _StartError as e:
             problem = str(e)
         except Exception as e:  # the launch itself failed: missing executable, bad argv, ...
@@ -517,11 +533,24 @@ class ReplicaTable:
         log.warning("%s", message)
         raise KernelStartFailed(message)
 
+    def _assign_ports(self, replica: Replica) -> None:
+        """Give the replica's kernel manager 5 ZMQ ports no other replica of this agent has.
+
+        Other agents on the same machine may still pick one in the moment before the kernel
+        binds it; `start` then retries with new ports."""
+        self._ports_given.difference_update(replica.ports[: len(ZMQ_PORTS)])
+        ports = _free_ports(self.kernel_ip, len(ZMQ_PORTS), avoid=self._ports_given)
+        for name, port in zip(ZMQ_PORTS, ports, strict=True):
+            setattr(replica.km, name, port)
+        self._ports_given.update(ports)
+        replica.ports[: len(ZMQ_PORTS)] = ports
+
     async def _discard(self, replica: Replica) -> None:
         """Stop the replica's process (gracefully if it still runs, within about
         ``stop_timeout``; killed otherwise), release its ports and connection file, close its
         log, and report the change. The caller has already removed it from the table. Never
         raises."""
+        self._ports_given.difference_update(replica.ports)
         if replica.state is not ReplicaState.STOPPED:
             replica.move_to(ReplicaState.STOPPED)
         km = replica.km
@@ -582,19 +611,25 @@ async def _kernel_info_answered(kc: Any) -> None:
             continue
 
 
-async def _wait_ready(km: AsyncKernelManager, ready_within: float) -> None:
+async def _wait_ready(
+    km: AsyncKernelManager, ready_within: float, log_text: Callable[[], str] = str
+) -> None:
     """Return once the kernel answered ``kernel_info``; raise ``_StartError`` as soon as the
-    process exits, or when ``ready_within`` seconds pass."""
+    process exits, its log (`log_text`) says a port was taken (ipykernel then hangs rather
+    than exit), or when ``ready_within`` seconds pass."""
     kc = km.client()
     kc.start_channels()
     ready = asyncio.ensure_future(_kernel_info_answered(kc))
     exited = asyncio.ensure_future(_wait_exit(km))
+    port_taken = asyncio.ensure_future(_wait_for_text(log_text, PORT_TAKEN))
     try:
         done, _ = await asyncio.wait(
-            {ready, exited}, timeout=ready_within, return_when=asyncio.FIRST_COMPLETED
+            {ready, exited, port_taken}, timeout=ready_within, return_when=asyncio.FIRST_COMPLETED
         )
         if ready in done and ready.exception() is None:
             return
+        if port_taken in done:
+            raise _StartError(f"could not bind its ports ({PORT_TAKEN})")
         code = await _exit_code(km)
         if code is not None:
             raise _StartError(f"exited with code {code} before it was ready")
@@ -602,10 +637,19 @@ async def _wait_ready(km: AsyncKernelManager, ready_within: float) -> None:
             raise _StartError(f"did not become ready: {ready.exception()}")
         raise _StartError(f"did not answer kernel_info within {ready_within:g} s")
     finally:
-        for task in (ready, exited):
+        for task in (ready, exited, port_taken):
             task.cancel()
-        await asyncio.gather(ready, exited, return_exceptions=True)
+        await asyncio.gather(ready, exited, port_taken, return_exceptions=True)
         kc.stop_channels()
+
+
+async def _wait_for_text(text: Callable[[], str], wanted: str, interval: float = 0.2) -> None:
+    """Return once `wanted` appears in `text()` (a log file written by another process, so
+    polled: nothing in this process could signal it)."""
+    while True:
+        if wanted in text():
+            return
+        await asyncio.sleep(interval)
 
 
 async def _kill_quietly(replica: Replica) -> int | None:
@@ -625,12 +669,7 @@ async def _kill_quietly(replica: Replica) -> int | None:
         return None
 
 
-def _free_port(ip: str) -> int:
-    """A port free on `ip` now, for the replica to bind when it joins its Raft group."""
-    return _free_ports(ip, 1)[0]
-
-
-def _free_ports(ip: str, count: int) -> list[int]:
+def _free_ports(ip: str, count: int, avoid: set[int] | frozenset[int] = frozenset()) -> list[int]:
     """`count` distinct ports free on `ip` now, for a replica to bind once it starts.
 
     They are drawn below the kernel's ephemeral range: a port from that range (what binding to
@@ -641,6 +680,8 @@ def _free_ports(ip: str, count: int) -> list[int]:
     held: list[socket.socket] = []
     try:
         for port in random.sample(range(PORTS_FROM, low), k=min(256, low - PORTS_FROM)):
+            if port in avoid:
+                continue
             sock = socket.socket()
             try:
                 sock.bind((ip, port))

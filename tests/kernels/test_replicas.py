@@ -1,4 +1,4 @@
-"""The replica state machine, request validation and host-id storage (no processes)."""
+"""The replica state machine, request validation, host-id storage, and port retries."""
 
 from __future__ import annotations
 
@@ -110,3 +110,42 @@ def test_host_id_is_created_once_and_kept(tmp_path: Path) -> None:
     (state_dir / "host-id").write_text("not a valid id!\n")
     with pytest.raises(TraitError, match="not a valid host id"):
         load_or_create_host_id(state_dir)
+
+
+async def test_a_port_taken_before_the_kernel_binds_it_is_replaced(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Another process may take a chosen port before the kernel binds it: the launch fails
+    with EADDRINUSE and is retried with fresh ports (a real ipykernel)."""
+    import socket
+
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from kernelfleet.kernels import replicas as module
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    real, handed = module._free_ports, []
+
+    def first_with_a_taken_port(ip, count, avoid=frozenset()):
+        ports = real(ip, count, avoid)
+        if not handed:
+            ports[1] = port  # the iopub port
+        handed.append(ports)
+        return ports
+
+    monkeypatch.setattr(module, "_free_ports", first_with_a_taken_port)
+    table = module.ReplicaTable(
+        state_dir=tmp_path, kernel_spec_manager=KernelSpecManager(), root_dir=tmp_path
+    )
+    try:
+        replica = await table.start(ReplicaRequest("r", "k", "python3"))
+        assert replica.state is ReplicaState.READY
+        assert len(handed) == 2, "a second set of ports after the failed launch"
+        assert port not in replica.ports
+        assert "Address already in use" in replica.log_path.read_text()
+    finally:
+        await table.stop_all(grace=5)
+        taken.close()
