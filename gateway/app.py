@@ -189,6 +189,8 @@ class GatewayApp(Application):
             kernel_service=self.kernels,
             host_registry=self.hosts,
             kernelspecs=self.kernelspecs,
+            policy=self.policy,
+            replicas=self.replicas,
             metrics=self.kernels.metrics.registry,
             websocket_max_message_size=1 << 30,
         )
