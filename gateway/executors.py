@@ -22,11 +22,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from kernelfleet.errors import FleetError, GpusUnavailable, KernelDead, NoCapacity
 from kernelfleet.gateway.cells import Assignment, Cell
-from kernelfleet.gateway.ledger import GpuLedger
+from kernelfleet.gateway.ledger import Commitment, GpuLedger
 from kernelfleet.gateway.metrics import FleetMetrics
 from kernelfleet.gateway.records import KernelRecord, ReplicaRecord
 from kernelfleet.scheduler import FleetSnapshot, Policy
@@ -50,7 +51,25 @@ class KernelOps(Protocol):
     async def release_memory(self, kernel_id: str, replica_id: str) -> None: ...
 
 
+@dataclass(eq=False)
+class _Waiter:
+    """A cell waiting for GPUs: what it needs, where it could run, and its wake-up call."""
+
+    cell: Cell
+    gpus: int
+    hosts: frozenset[str]
+    turn: asyncio.Future[None]
+    since: float = field(default_factory=time.monotonic)
+
+
 class ExecutorChooser:
+    """Assigns every kernel's cells; see the module docstring.
+
+    Waiting cells are served in arrival order: when GPUs are released they ask the policy
+    again oldest first, and a newer cell may not take GPUs on a host an older waiting cell
+    could run on (so a cell needing 2 GPUs is not starved by a stream of 1-GPU cells).
+    """
+
     def __init__(
         self, policy: Policy, ledger: GpuLedger, kernels: KernelOps, metrics: FleetMetrics
     ) -> None:
@@ -58,23 +77,29 @@ class ExecutorChooser:
         self._ledger = ledger
         self._kernels = kernels
         self._metrics = metrics
-        self._changed = asyncio.Event()
-        self._waiting: list[Cell] = []
+        self._waiting: list[_Waiter] = []
         """Cells waiting for GPUs, in arrival order (what "ahead of you" counts)."""
 
     def capacity_changed(self) -> None:
-        """GPUs were released or hosts changed: waiting cells ask the policy again."""
-        self._changed.set()
-        self._changed = asyncio.Event()
+        """GPUs were released or hosts changed: waiting cells ask the policy again, oldest
+        first (futures resolved in this order wake their tasks in this order)."""
+        for waiter in self._waiting:
+            if not waiter.turn.done():
+                waiter.turn.set_result(None)
 
     @property
     def waiting(self) -> int:
         return len(self._waiting)
 
+    @property
+    def waiting_gpus(self) -> int:
+        """The GPUs the waiting cells ask for, together (the autoscaler's unmet demand)."""
+        return sum(waiter.gpus for waiter in self._waiting)
+
     async def assign(self, kernel: KernelRecord, cell: Cell) -> Assignment:
         """Choose the replica and GPUs of `cell`; waits while the policy says to wait."""
         gpus = kernel.gpus if cell.gpus is None else cell.gpus
-        waited_since: float | None = None
+        waiter: _Waiter | None = None
         try:
             while True:
                 replicas = self._candidates(kernel, cell)
@@ -83,14 +108,22 @@ class ExecutorChooser:
                 )
                 if isinstance(decision, Reject):
                     raise NoCapacity(f"this cell {decision.reason.value} ({decision.detail})")
-                if isinstance(decision, RunOn):
+                if isinstance(decision, RunOn) and not self._held_for_elders(
+                    decision.host_id, gpus, waiter
+                ):
                     replica = next(r for r in replicas if r.host_id == decision.host_id)
-                    assignment = await self._commit(kernel, replica, cell, gpus)
-                    if assignment is not None:
-                        if waited_since is not None:
-                            waited = time.monotonic() - waited_since
+                    commitment = self._bind(kernel, replica, cell, gpus)
+                    if commitment is not None:
+                        if waiter is not None:
+                            self._stop_waiting(waiter)
+                            waited = time.monotonic() - waiter.since
                             cell.say(f"kernelfleet: waited {waited:.1f} s for {_gpus(gpus)}")
-                        return assignment
+                        await self._displace(commitment)
+                        return Assignment(
+                            replica.id,
+                            commitment.device_ids,
+                            lambda: self.release(kernel.id, cell.id),
+                        )
                 elif isinstance(decision, Migrate) and kernel.replicated:
                     source = next(r for r in replicas if r.host_id == decision.from_host)
                     cell.say(
@@ -98,11 +131,13 @@ class ExecutorChooser:
                     )
                     await self._kernels.move_replica(kernel, source, decision.to_host)
                     continue
-                if waited_since is None:
-                    waited_since = time.monotonic()
-                    self._waiting.append(cell)
+                hosts = frozenset(r.host_id for r in replicas)
+                if waiter is None:
+                    waiter = _Waiter(cell, gpus, hosts, asyncio.get_running_loop().create_future())
+                    self._waiting.append(waiter)
                     self._metrics.queued_cells.set(len(self._waiting))
-                ahead = self._waiting.index(cell)
+                waiter.hosts = hosts
+                ahead = self._waiting.index(waiter)
                 why = (
                     "hosts being added" if isinstance(decision, ScaleOut) else "GPUs to be released"
                 )
@@ -110,18 +145,30 @@ class ExecutorChooser:
                     f"kernelfleet: waiting for {_gpus(gpus)} ({why}) — "
                     f"{ahead} cell{'s' if ahead != 1 else ''} ahead of you"
                 )
-                changed = self._changed
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), RECHECK_INTERVAL)
+                    await asyncio.wait_for(waiter.turn, RECHECK_INTERVAL)
+                waiter.turn = asyncio.get_running_loop().create_future()
         finally:
-            if cell in self._waiting:
-                self._waiting.remove(cell)
-                self._metrics.queued_cells.set(len(self._waiting))
+            if waiter is not None and waiter in self._waiting:
+                self._stop_waiting(waiter)
+                self.capacity_changed()  # younger cells it held back may go now
 
     def release(self, kernel_id: str, cell_id: str) -> None:
         """The cell ended: its devices are free (its replica's memory may stay, warm)."""
         if self._ledger.release(kernel_id, cell_id=cell_id):
             self.capacity_changed()
+
+    def _held_for_elders(self, host_id: str, gpus: int, waiter: _Waiter | None) -> bool:
+        """Whether a cell waiting longer than this one (all of them, if this one does not wait
+        yet) could run on `host_id`: then its free GPUs are kept for that cell."""
+        if gpus == 0:
+            return False
+        elders = self._waiting if waiter is None else self._waiting[: self._waiting.index(waiter)]
+        return any(elder.gpus > 0 and host_id in elder.hosts for elder in elders)
+
+    def _stop_waiting(self, waiter: _Waiter) -> None:
+        self._waiting.remove(waiter)
+        self._metrics.queued_cells.set(len(self._waiting))
 
     def _candidates(self, kernel: KernelRecord, cell: Cell) -> list[ReplicaRecord]:
         link = kernel.link
@@ -148,22 +195,23 @@ class ExecutorChooser:
         )
         return ExecuteRequest(snapshot, gpus)
 
-    async def _commit(
+    def _bind(
         self, kernel: KernelRecord, replica: ReplicaRecord, cell: Cell, gpus: int
-    ) -> Assignment | None:
-        """Bind the GPUs; None if another cell took them first (the caller asks again)."""
+    ) -> Commitment | None:
+        """Commit the GPUs; None if another cell took them first (the caller asks again)."""
         try:
-            commitment = self._ledger.commit(replica.host_id, kernel.id, replica.id, cell.id, gpus)
+            return self._ledger.commit(replica.host_id, kernel.id, replica.id, cell.id, gpus)
         except GpusUnavailable:
             return None
+
+    async def _displace(self, commitment: Commitment) -> None:
+        """Have replicas whose memory may be warm on the bound devices move it off first."""
         for other_kernel, other_replica in commitment.displaced:
             try:
                 await self._kernels.release_memory(other_kernel, other_replica)
             except FleetError as e:
                 log.warning("replica %s kept its GPU memory: %s", other_replica, e)
             self._ledger.mark_cold(other_kernel, other_replica)
-        devices = commitment.device_ids
-        return Assignment(replica.id, devices, lambda: self.release(kernel.id, cell.id))
 
 
 def _gpus(count: int) -> str:
