@@ -102,6 +102,12 @@ class GatewayApp(Application):
     heartbeat_timeout = Float(
         5.0, config=True, help="Seconds without a heartbeat after which a host is marked lost."
     )
+    check_ledger = Bool(
+        config=True,
+        help="Check the GPU ledger's invariants after every change to it (costs a full check per "
+        "event); a breach is logged at ERROR and counted in kernelfleet_ledger_breaches_total, "
+        "and the gateway goes on. Default: $KERNELFLEET_CHECK_LEDGER is 1, else False.",
+    )
 
     @default("log_level")
     def _default_log_level(self) -> int:
@@ -120,6 +126,10 @@ class GatewayApp(Application):
         if len(proposal["value"]) < 8:
             raise TraitError("the token must be at least 8 characters long")
         return proposal["value"]
+
+    @default("check_ledger")
+    def _default_check_ledger(self) -> bool:
+        return os.environ.get("KERNELFLEET_CHECK_LEDGER", "") == "1"
 
     @default("object_store_root")
     def _default_object_store_root(self) -> str:
@@ -178,6 +188,7 @@ class GatewayApp(Application):
             set(self.allowed_env),
             replication,
             KernelStore(self.state_dir),
+            check_ledger=self.check_ledger,
         )
         self.kernels.metrics.registry.on_collect(self._collect_gpu_metrics)
         self.kernelspecs = kernelspecs

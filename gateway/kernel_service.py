@@ -68,6 +68,7 @@ class KernelService:
         replication: ReplicationSettings | None = None,
         store: KernelStore | None = None,
         metrics: FleetMetrics | None = None,
+        check_ledger: bool = False,
     ) -> None:
         self._hosts = hosts
         self._policy = policy
@@ -80,8 +81,8 @@ class KernelService:
         self._context = zmq.asyncio.Context()
         self._repairs: set[asyncio.Future[None]] = set()
         self._status_session = Session(username="kernelfleet")
-        self.ledger = GpuLedger()
         self.metrics = metrics or FleetMetrics()
+        self.ledger = GpuLedger(check_ledger, lambda _: self.metrics.ledger_breaches.inc())
         self._chooser = ExecutorChooser(policy, self.ledger, self, self.metrics)
 
     # ---- queries ---------------------------------------------------------------------------

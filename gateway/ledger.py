@@ -19,14 +19,18 @@ lost until they are released: those devices are listed as ``vanished`` and the h
 over-committed, they count for nobody's free GPUs, and free counts never go negative.
 
 Every method is synchronous and runs on the gateway's event loop; none does I/O.
-`check_invariants` raises `LedgerInconsistent` naming the exact breach.
+`check_invariants` raises `LedgerInconsistent` naming the exact breach. A **checked** ledger
+(``GpuLedger(checked=True)``) runs it after every mutating method; a breach is logged at ERROR,
+counted in ``breaches`` and passed to ``on_breach``, and never raised: the gateway goes on.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from kernelfleet.errors import (
     Conflict,
@@ -38,8 +42,13 @@ from kernelfleet.errors import (
 )
 from kernelfleet.scheduler.snapshot import HostSnapshot
 
+log = logging.getLogger("kernelfleet.gateway.ledger")
+
 ReplicaKey = tuple[str, str]
 """(kernel id, replica id)."""
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 def device_ids_of(gpus: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
@@ -151,16 +160,54 @@ class _Host:
     warm: dict[str, ReplicaKey] = field(default_factory=dict)
 
 
-class GpuLedger:
-    """Spec, claims and bindings of every host; see the module docstring."""
+def _mutates(
+    method: Callable[Concatenate[GpuLedger, _P], _R],
+) -> Callable[Concatenate[GpuLedger, _P], _R]:
+    """Mark a method that changes the ledger: a checked ledger audits itself after it (after
+    it raised, too: an error half-way through is when a breach is likeliest)."""
 
-    def __init__(self) -> None:
+    @functools.wraps(method)
+    def audited(self: GpuLedger, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if not self.checked:
+            return method(self, *args, **kwargs)
+        self._depth += 1
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self._audit(method.__name__, args, kwargs)
+
+    return audited
+
+
+class GpuLedger:
+    """Spec, claims and bindings of every host; see the module docstring.
+
+    ``checked``: run `check_invariants` after every mutating method (`set_host`, `drop_host`,
+    `subscribe`, `unsubscribe`, `remove_kernel`, `commit`, `release`, `mark_cold`), once per
+    outermost call. A breach (the first one `check_invariants` finds) is logged at ERROR with
+    the call that revealed it, and counted in ``breaches`` and through ``on_breach(message)``
+    once, when first seen: one that persists is not counted again on every later event, a
+    different one is. Costs one full check (linear in hosts, claims and bindings) per event.
+    """
+
+    def __init__(
+        self, checked: bool = False, on_breach: Callable[[str], None] | None = None
+    ) -> None:
         self._hosts: dict[str, _Host] = {}
         self._claims: dict[ReplicaKey, Claim] = {}
         self._bindings: dict[ReplicaKey, Binding] = {}
+        self.checked = checked
+        self.breaches = 0
+        """Distinct breaches a checked ledger found (see the class docstring)."""
+        self._on_breach = on_breach
+        self._depth = 0
+        self._breach: str | None = None
 
     # ---- hosts -----------------------------------------------------------------------------
 
+    @_mutates
     def set_host(self, host_id: str, device_ids: Iterable[str]) -> tuple[str, ...]:
         """Register a host or take its newly reported devices; call it on every host report.
 
@@ -179,6 +226,7 @@ class GpuLedger:
         host.warm = {d: owner for d, owner in host.warm.items() if d in devices}
         return newly_vanished
 
+    @_mutates
     def drop_host(self, host_id: str) -> tuple[Binding, ...]:
         """Forget a host that is lost or stopped: its claims and bindings go with it.
 
@@ -197,6 +245,7 @@ class GpuLedger:
 
     # ---- claims ----------------------------------------------------------------------------
 
+    @_mutates
     def subscribe(self, host_id: str, kernel_id: str, replica_id: str, gpus: int) -> None:
         """Claim `gpus` GPUs for a replica on its host (again: update the need).
 
@@ -213,6 +262,7 @@ class GpuLedger:
             )
         self._claims[key] = Claim(host_id, kernel_id, replica_id, gpus)
 
+    @_mutates
     def unsubscribe(self, kernel_id: str, replica_id: str) -> Binding | None:
         """The replica stopped, died or moved away: its claim, its binding and its warm memory
         leave the ledger. Returns the binding it still held, if any. Idempotent."""
@@ -224,6 +274,7 @@ class GpuLedger:
             self._drop_vanished(binding)
         return binding
 
+    @_mutates
     def remove_kernel(self, kernel_id: str) -> tuple[Binding, ...]:
         """`unsubscribe` every replica of a kernel (shut down). Returns the bindings it held."""
         replicas = {key for key in [*self._claims, *self._bindings] if key[0] == kernel_id}
@@ -232,6 +283,7 @@ class GpuLedger:
 
     # ---- bindings --------------------------------------------------------------------------
 
+    @_mutates
     def commit(
         self, host_id: str, kernel_id: str, replica_id: str, cell_id: str, gpus: int
     ) -> Commitment:
@@ -286,6 +338,7 @@ class GpuLedger:
         self._bindings[key] = binding
         return Commitment(binding, tuple(displaced), moved)
 
+    @_mutates
     def release(
         self,
         kernel_id: str,
@@ -314,6 +367,7 @@ class GpuLedger:
                 self._forget_warm(key)
         return released
 
+    @_mutates
     def mark_cold(self, kernel_id: str, replica_id: str) -> None:
         """The replica offloaded its device memory: it is warm nowhere any more."""
         self._forget_warm((kernel_id, replica_id))
@@ -443,6 +497,25 @@ class GpuLedger:
                     f"device {device} of host {host_id} is warm for {resident}, "
                     "not subscribed there",
                 )
+
+    def _audit(self, event: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            self.check_invariants()
+        except LedgerInconsistent as e:
+            breach = str(e)
+            if breach == self._breach:
+                return  # still the same breach: logged and counted when it appeared
+            self._breach = breach
+            self.breaches += 1
+            call = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+            log.error("after %s(%s): %s", event, call, breach)
+            if self._on_breach is not None:
+                try:
+                    self._on_breach(breach)
+                except Exception:
+                    log.exception("the ledger's on_breach callback failed")
+        else:
+            self._breach = None
 
     # ---- internals -------------------------------------------------------------------------
 

@@ -273,7 +273,8 @@ class FleetMetrics:
     ``cell_start_delay`` per cell, from execute_request received to execution started;
     ``queued_cells`` when a cell starts or stops waiting; ``migrations`` per replica moved;
     ``hosts_added``/``hosts_removed`` per host the autoscaler started/stopped;
-    ``kernel_start`` per kernel, from the create request to the kernel answering.
+    ``kernel_start`` per kernel, from the create request to the kernel answering;
+    ``ledger_breaches`` per breach a checked `GpuLedger` finds.
     """
 
     def __init__(self, registry: MetricsRegistry | None = None) -> None:
@@ -311,6 +312,10 @@ class FleetMetrics:
         )
         self.hosts_removed = r.counter(
             "kernelfleet_scale_in_hosts_total", "Hosts the autoscaler stopped (scale-ins)."
+        )
+        self.ledger_breaches = r.counter(
+            "kernelfleet_ledger_breaches_total",
+            "GPU ledger invariant breaches found, each once (only with GatewayApp.check_ledger).",
         )
         self.kernel_start = r.histogram(
             "kernelfleet_kernel_start_seconds",

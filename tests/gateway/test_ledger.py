@@ -367,3 +367,46 @@ def test_random_events_keep_the_ledger_consistent(seed: int) -> None:
         ledger.drop_host(host_id)
     assert ledger.totals() == ledger.totals().__class__(0, 0, 0, 0)
     check(ledger)
+
+
+def test_a_checked_ledger_audits_every_change_and_counts_each_breach_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[str] = []
+    ledger = GpuLedger(checked=True, on_breach=seen.append)
+    ledger.set_host("h1", ["0", "1"])
+    ledger.subscribe("h1", "k", "r1", 1)
+    ledger.commit("h1", "k", "r1", "c1", 1)
+    assert ledger.set_host("h1", ["1"]) == ("0",)  # vanishing under a cell is no breach
+    with pytest.raises(Conflict):
+        ledger.commit("h1", "k", "r2", "c2", 1)  # refused calls are audited too
+    ledger.release("k")
+    ledger.remove_kernel("k")  # audited once, after the outermost call
+    assert (ledger.breaches, seen) == (0, [])
+
+    ledger.subscribe("h1", "k", "r1", 1)
+    ledger._hosts["h1"].vanished.add("7")  # what a bug in a mutating method would leave
+    with caplog.at_level("ERROR", logger="kernelfleet.gateway.ledger"):
+        ledger.mark_cold("k", "r1")
+        ledger.subscribe("h1", "k", "r1", 2)  # the same breach: logged and counted once
+    breach = "device 7 of host h1 is listed as vanished but bound to nobody"
+    assert ledger.breaches == 1
+    assert seen == [f"GPU ledger invariant broken: {breach}"]
+    assert caplog.text.count(breach) == 1
+    assert "after mark_cold('k', 'r1'): GPU ledger invariant broken" in caplog.text
+
+    ledger._hosts["h1"].vanished.clear()
+    ledger.unsubscribe("k", "r1")  # consistent again: the next breach counts anew
+    ledger._hosts["h1"].warm["1"] = ("k", "r1")
+    ledger.set_host("h1", ["0", "1"])
+    assert ledger.breaches == 2
+    assert "warm for ('k', 'r1')" in seen[-1]
+
+
+def test_an_unchecked_ledger_does_not_audit() -> None:
+    ledger = ledger_with(h1=1)
+    ledger._hosts["h1"].vanished.add("7")
+    ledger.subscribe("h1", "k", "r1", 1)
+    assert ledger.breaches == 0
+    with pytest.raises(LedgerInconsistent, match="device 7"):
+        ledger.check_invariants()
