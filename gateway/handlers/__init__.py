@@ -2,6 +2,7 @@
 
 from kernelfleet.gateway.handlers.channels import ChannelsHandler
 from kernelfleet.gateway.handlers.fleet import (
+    FleetHandler,
     FleetHostHandler,
     FleetHostsHandler,
     FleetKernelHandler,
@@ -32,6 +33,7 @@ def routes() -> list[tuple[str, type]]:
         (rf"/api/kernels/{_KERNEL_ID}/?", KernelHandler),
         (rf"/api/kernels/{_KERNEL_ID}/(?P<action>interrupt|restart)/?", KernelActionHandler),
         (rf"/api/kernels/{_KERNEL_ID}/channels", ChannelsHandler),
+        (r"/api/fleet/?", FleetHandler),
         (r"/api/fleet/hosts/?", FleetHostsHandler),
         (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/?", FleetHostHandler),
         (r"/api/fleet/kernels/?", FleetKernelsHandler),

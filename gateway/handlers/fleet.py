@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from kernelfleet import __version__
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.gateway.handlers.base import GatewayHandler
 
@@ -28,6 +29,33 @@ def host_models(handler: GatewayHandler) -> dict[str, dict[str, Any]]:
         }
         for host in handler.hosts.all()
     }
+
+
+def fleet_model(handler: GatewayHandler) -> dict[str, Any]:
+    """``GET /api/fleet``: what the gateway runs (its version, scheduling policy and replicas
+    per replicated kernel) and a summary of the fleet. Host counts are by state; GPU counts sum
+    the ``alive`` hosts' (what ``GET /api/fleet/hosts`` lists per host)."""
+    hosts = list(host_models(handler).values())
+    alive = [host for host in hosts if host["state"] == "alive"]
+    return {
+        "version": __version__,
+        "policy": handler.settings["policy"],
+        "replicas": handler.settings["replicas"],
+        "hosts": {
+            "alive": len(alive),
+            "lost": sum(1 for host in hosts if host["state"] == "lost"),
+        },
+        "gpus": {
+            field: sum(host["gpus"][field] for host in alive)
+            for field in ("total", "subscribed", "committed")
+        },
+        "kernels": len(handler.kernels.all()),
+    }
+
+
+class FleetHandler(GatewayHandler):
+    def get(self) -> None:
+        self.write_json(fleet_model(self))
 
 
 class FleetHostsHandler(GatewayHandler):

@@ -5,8 +5,9 @@
 
 Takes the slice of sessions starting at or after trace minute S (the first K of them), replays
 it X times faster than real time, and prints (and with ``--json`` writes) the same document as
-``kernelfleet simulate``, under the gateway's policy name (``live`` when the gateway does not
-say). The session model's parameters are the simulator's traits, with the same defaults.
+``kernelfleet simulate``, under the policy the gateway runs (``GET /api/fleet``; ``live`` from a
+gateway too old to say), which ``"assumptions"`` also records with the gateway's replicas per
+kernel. The session model's parameters are the simulator's traits, with the same defaults.
 """
 
 from __future__ import annotations
@@ -72,7 +73,10 @@ class ReplayApp(Application):
         False, config=True, help="Skip (and count) bad trace rows instead of failing."
     )
     policy_name = Unicode(
-        "", config=True, help="Name the results by this policy (default: the gateway's, or live)."
+        "",
+        config=True,
+        help="Name the results by this (default: the policy the gateway reports, else live); "
+        "the gateway's own policy is still recorded under assumptions.",
     )
     kernel_name = Unicode("", config=True, help="Kernelspec to start (default: the gateway's).")
     poll_interval_s = Float(
@@ -132,8 +136,9 @@ class ReplayApp(Application):
         client = GatewayClient(self.gateway, self.token)
         try:
             hosts = await client.hosts()
-            name = self.policy_name or await client.policy_name() or "live"
-            assumptions = self.assumptions(chosen, hosts)
+            fleet = await client.fleet()
+            assumptions = self.assumptions(chosen, hosts, fleet)
+            name = self.policy_name or assumptions["policy"] or "live"
             print(describe(trace, chosen, len(trace.skipped)))
             print(assumptions_text(assumptions))
             replay = Replay(
@@ -155,13 +160,21 @@ class ReplayApp(Application):
         print(report_text(outcome, time.monotonic() - started))
         return {"assumptions": assumptions, "policies": {name: outcome.as_json()}}, outcome
 
-    def assumptions(self, trace: Trace, hosts: list[dict[str, Any]]) -> dict[str, Any]:
-        """What the numbers depend on: the slice, the time scale, the session model, and the
-        fleet as it was when the replay began."""
+    def assumptions(
+        self, trace: Trace, hosts: list[dict[str, Any]], fleet: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """What the numbers depend on: the gateway's policy and replicas per kernel (from
+        ``GET /api/fleet``; None from a gateway without it), the slice, the time scale, the
+        session model, and the fleet as it was when the replay began."""
         alive = [h for h in hosts if h.get("state") == "alive"]
         sizes = sorted({int(h.get("gpus", {}).get("total", 0)) for h in alive})
+        fleet = fleet or {}
+        policy = fleet.get("policy")
         return {
             "gateway": self.gateway,
+            "gateway_version": fleet.get("version"),
+            "policy": policy if isinstance(policy, str) and policy else None,
+            "replicas": fleet.get("replicas"),
             "time_scale": self.time_scale,
             "start_min": self.start_min,
             "sessions": len(trace.sessions),
@@ -218,7 +231,7 @@ def report_text(outcome: ReplayResult, elapsed: float) -> str:
     if outcome.result.gpu_hours_busy > 0 and outcome.result.gpu_hours_committed == 0:
         lines.append(
             "note: the gateway reported no committed GPU while cells ran "
-            "(it does not bind GPUs per cell yet); use gpu_hours_committed_by_cells"
+            "(a gateway that does not bind GPUs per cell); use gpu_hours_committed_by_cells"
         )
     if outcome.failures:
         lines.append(f"{len(outcome.failures)} event(s) failed; first: {outcome.failures[0]}")

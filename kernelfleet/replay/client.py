@@ -21,9 +21,14 @@ from kernelfleet.errors import FleetError
 
 
 class ReplayError(FleetError):
-    """A call to the gateway failed; the message says which call and why."""
+    """A call to the gateway failed; the message says which call and why, and ``status`` the
+    HTTP status the gateway answered with (None when it did not answer)."""
 
     reason = "replay-failed"
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,8 @@ class GatewayClient:
         try:
             response = await self._http.fetch(request)
         except HTTPClientError as error:
-            raise ReplayError(f"{method} {path}: {_gateway_message(error)}") from None
+            message = f"{method} {path}: {_gateway_message(error)}"
+            raise ReplayError(message, status=error.code) from None
         except (TimeoutError, OSError) as error:
             raise ReplayError(f"{method} {path}: cannot reach {self.url}: {error}") from None
         return json.loads(response.body) if response.body else None
@@ -87,15 +93,18 @@ class GatewayClient:
         """``GET /api/fleet/kernels``: ``[{"id", "replicas": [{"host", ...}], ...}]``."""
         return list(await self.call("GET", "/api/fleet/kernels"))
 
-    async def policy_name(self) -> str | None:
-        """The gateway's scheduling policy if its admin API exposes one (a ``policy`` field of
-        ``GET /api/fleet``); None otherwise. Today's gateway does not expose it."""
+    async def fleet(self) -> dict[str, Any] | None:
+        """``GET /api/fleet``: ``{"version", "policy", "replicas", "hosts", "gpus", "kernels"}``;
+        None from a gateway older than that endpoint (404). Any other failure raises."""
         try:
             found = await self.call("GET", "/api/fleet")
-        except ReplayError:
-            return None
-        policy = found.get("policy") if isinstance(found, dict) else None
-        return policy if isinstance(policy, str) and policy else None
+        except ReplayError as error:
+            if error.status == 404:
+                return None
+            raise
+        if not isinstance(found, dict):
+            raise ReplayError(f"GET /api/fleet: expected a JSON object, got {found!r:.80}")
+        return found
 
     async def connect(self, kernel_id: str) -> KernelChannel:
         """A websocket to the kernel's channels."""

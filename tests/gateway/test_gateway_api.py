@@ -7,13 +7,22 @@ import pytest
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
+from kernelfleet import __version__
+from kernelfleet.testing import TOKEN, Fleet
+
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.mark.parametrize(("token", "status"), [("", 401), ("wrong-token-123", 403)])
 @pytest.mark.parametrize(
     "path",
-    ["/api/kernelspecs", "/api/kernels", "/api/fleet/hosts", "/kernelspecs/python3/logo-64x64.png"],
+    [
+        "/api/kernelspecs",
+        "/api/kernels",
+        "/api/fleet",
+        "/api/fleet/hosts",
+        "/kernelspecs/python3/logo-64x64.png",
+    ],
 )
 def test_every_endpoint_needs_the_token(fleet, path, token, status):
     got, body = fleet.request("GET", path, token=token)
@@ -118,3 +127,48 @@ def test_admin_api_shows_hosts_and_kernel_replicas(fleet):
         assert kernel_id in [k["id"] for k in fleet.api("GET", "/api/fleet/kernels")]
     finally:
         fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+FLEET_FIELDS = {"version", "policy", "replicas", "hosts", "gpus", "kernels"}
+
+
+def test_fleet_summary_names_the_policy_and_counts_the_fleet(fleet):
+    summary = fleet.api("GET", "/api/fleet")
+    assert set(summary) == FLEET_FIELDS
+    assert (summary["version"], summary["policy"], summary["replicas"]) == (
+        __version__,
+        "notebookos",
+        1,
+    )
+    hosts = fleet.api("GET", "/api/fleet/hosts")
+    alive = [h for h in hosts if h["state"] == "alive"]
+    assert summary["hosts"] == {"alive": len(alive), "lost": len(hosts) - len(alive)}
+    assert summary["hosts"]["alive"] >= 3
+    assert summary["gpus"]["total"] == 2 * len(alive)
+
+    before = summary["kernels"]
+    kernel_id = fleet.start_kernel(env={"KERNEL_GPUS": "1"})
+    try:
+        summary = fleet.api("GET", "/api/fleet")
+        assert summary["kernels"] == before + 1
+        assert summary["gpus"]["subscribed"] >= 1
+        assert summary["gpus"]["committed"] == 0
+    finally:
+        fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+def test_fleet_summary_reports_the_configured_policy(tmp_path):
+    gateway = Fleet(state_dir=tmp_path, token=TOKEN, env={})
+    try:
+        gateway.start_gateway("--policy", "packing", "--replicas", "2")
+        summary = gateway.api("GET", "/api/fleet")
+    finally:
+        gateway.stop()
+    assert summary == {
+        "version": __version__,
+        "policy": "packing",
+        "replicas": 2,
+        "hosts": {"alive": 0, "lost": 0},
+        "gpus": {"total": 0, "subscribed": 0, "committed": 0},
+        "kernels": 0,
+    }

@@ -6,9 +6,14 @@ import socket
 from pathlib import Path
 
 import pytest
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+from tornado.web import Application, RequestHandler
 
 from kernelfleet.cli import KernelfleetApp
 from kernelfleet.replay.app import ReplayApp
+from kernelfleet.replay.client import GatewayClient
+from kernelfleet.scheduler.trace import read_trace
 
 SLICE = Path(__file__).with_name("june_slice.csv")
 HEADER = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
@@ -61,3 +66,32 @@ def test_an_unreachable_gateway_is_a_clear_error(capsys) -> None:
 
 def test_replay_is_a_subcommand() -> None:
     assert "replay" in KernelfleetApp.subcommands
+
+
+class _Fleet(RequestHandler):
+    def get(self) -> None:
+        self.write({"version": "0.1.0", "policy": "packing", "replicas": 3})
+
+
+async def _serve(routes: list) -> tuple[HTTPServer, str]:
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(Application(routes))
+    server.add_sockets(sockets)
+    return server, f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+
+
+@pytest.mark.parametrize(
+    ("routes", "expected"), [([(r"/api/fleet", _Fleet)], "packing"), ([], None)]
+)
+async def test_the_policy_comes_from_the_gateway(routes, expected) -> None:
+    """A gateway with ``GET /api/fleet`` names its policy; an older one (404) names none."""
+    server, url = await _serve(routes)
+    client = GatewayClient(url, "t" * 12)
+    try:
+        fleet = await client.fleet()
+    finally:
+        client.close()
+        server.stop()
+    assumptions = ReplayApp().assumptions(read_trace(SLICE), [], fleet)
+    assert assumptions["policy"] == expected
+    assert assumptions["replicas"] == (3 if expected else None)

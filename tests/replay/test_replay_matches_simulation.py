@@ -67,7 +67,7 @@ def test_live_replay_agrees_with_the_simulation(tmp_path: Path) -> None:
     assumptions = document["assumptions"]
     assert (assumptions["hosts"], assumptions["gpus_per_host"]) == (3, 8)
     (name, live), *_ = document["policies"].items()
-    assert name == "live"  # the gateway does not expose its policy name yet
+    assert (assumptions["policy"], assumptions["replicas"]) == ("notebookos", 3)
 
     config = SimulationConfig(
         hosts=3,
@@ -78,8 +78,10 @@ def test_live_replay_agrees_with_the_simulation(tmp_path: Path) -> None:
         idle_timeout_s=assumptions["idle_timeout_s"],
     )
     trace = read_trace(SLICE)
-    sim = simulate(trace, [NotebookOSPolicy(config.autoscaling())], config)["notebookos"]
-    simulated = sim.as_json()
+    policy = NotebookOSPolicy(config.autoscaling())
+    assert name == policy.name  # the policy the gateway ran is the one simulated
+    assert assumptions["replicas"] == policy.replicas
+    simulated = simulate(trace, [policy], config)[name].as_json()
 
     assert live["failed_events"] == 0
     assert live["events"] == simulated["events"] == len(trace.events) == 18
