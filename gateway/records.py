@@ -134,7 +134,7 @@ class KernelRecord:
 def gpu_need(env: dict[str, str]) -> int:
     """The kernel's default GPU count, from ``KERNEL_GPUS`` (a non-negative integer; default 0)."""
     raw = env.get("KERNEL_GPUS", "0").strip() or "0"
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):  # "²" is a digit to isdigit, not to int
         raise InvalidRequest(f"KERNEL_GPUS must be a non-negative integer, not {raw!r}")
     return int(raw)
 
