@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -18,13 +19,15 @@ from traitlets.config import Application
 
 from kernelfleet import __version__
 from kernelfleet.errors import FleetError
+from kernelfleet.gateway.autoscaler import Autoscaler
 from kernelfleet.gateway.handlers import routes
+from kernelfleet.gateway.host_provider import LocalProcessHostProvider
 from kernelfleet.gateway.hosts import HostRegistry
 from kernelfleet.gateway.kernel_service import KernelService
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
 from kernelfleet.gateway.records import ReplicationSettings
 from kernelfleet.gateway.store import KernelStore
-from kernelfleet.scheduler import load_policy
+from kernelfleet.scheduler import AutoscaleConfig, load_policy
 from kernelfleet.web import new_token
 
 log = logging.getLogger("kernelfleet.gateway")
@@ -45,6 +48,14 @@ class GatewayApp(Application):
         "policy": "GatewayApp.policy",
         "replicas": "GatewayApp.replicas",
         "log-level": "Application.log_level",
+        "min-hosts": "GatewayApp.min_hosts",
+        "max-hosts": "GatewayApp.max_hosts",
+    }
+    flags = {
+        "autoscale": (
+            {"GatewayApp": {"autoscale": True}},
+            "Start and stop local host agents as demand asks (see --help-all: autoscale_*).",
+        ),
     }
 
     hosts: HostRegistry
@@ -109,6 +120,29 @@ class GatewayApp(Application):
         "and the gateway goes on. Default: $KERNELFLEET_CHECK_LEDGER is 1, else False.",
     )
 
+    autoscale = Bool(
+        False,
+        config=True,
+        help="Run the policy's autoscaler: add local host agents (processes with virtual GPUs) "
+        "under sustained GPU demand and stop idle ones it added, after moving their replicas.",
+    )
+    min_hosts = Int(
+        0, config=True, help="Fewest alive hosts the autoscaler keeps (0: the replica count)."
+    )
+    max_hosts = Int(8, config=True, help="Most hosts the autoscaler grows to (0: no limit).")
+    autoscale_gpus_per_host = Int(1, config=True, help="Virtual GPUs of each host it adds.")
+    autoscale_interval = Float(5.0, config=True, help="Seconds between autoscaling rounds.")
+    autoscale_patience = Int(
+        3, config=True, help="Rounds in a row the policy must ask for a change before it is made."
+    )
+    autoscale_cooldown = Float(
+        30.0, config=True, help="Seconds after adding or removing hosts before the next change."
+    )
+    autoscale_headroom = Float(
+        1.05, config=True, help="Hosts wanted: ceil(demand GPUs * headroom / host size) + buffer."
+    )
+    autoscale_buffer_hosts = Int(1, config=True, help="Idle hosts kept beyond the demand.")
+
     @default("log_level")
     def _default_log_level(self) -> int:
         return logging.INFO
@@ -164,7 +198,7 @@ class GatewayApp(Application):
 
     def init_services(self) -> None:
         try:
-            policy = load_policy(self.policy)
+            policy = load_policy(self.policy, self.autoscaling())
             kernelspecs = KernelSpecCatalog(self.default_kernel_name, set(self.allowed_kernelspecs))
         except FleetError as e:
             self.log.critical("%s", e)
@@ -192,6 +226,15 @@ class GatewayApp(Application):
         )
         self.kernels.metrics.registry.on_collect(self._collect_gpu_metrics)
         self.kernelspecs = kernelspecs
+
+    def autoscaling(self) -> AutoscaleConfig:
+        """The policy's autoscaling parameters, from this app's settings."""
+        return AutoscaleConfig(
+            headroom=self.autoscale_headroom,
+            buffer_hosts=self.autoscale_buffer_hosts,
+            min_hosts=self.min_hosts or self.replicas,
+            max_hosts=self.max_hosts,
+        )
 
     def init_webapp(self) -> None:
         self.webapp = tornado.web.Application(
@@ -228,16 +271,68 @@ class GatewayApp(Application):
         log.info("gateway listening on http://%s:%d (policy %s)", self.ip, self.port, self.policy)
         watcher = asyncio.create_task(self._watch_hosts(stop))
         recovery = asyncio.create_task(self.kernels.recover(grace=self.heartbeat_timeout))
+        provider = self._host_provider() if self.autoscale else None
+        scaling = None
+        if provider is not None:
+            scaling = asyncio.create_task(self._autoscale(provider, stop))
         await stop.wait()
         log.info("gateway stopping")
         server.stop()
         watcher.cancel()
         recovery.cancel()
+        if scaling is not None:
+            scaling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await scaling
         if self.stop_kernels_on_exit:
             await self.kernels.shutdown_all()
         else:
             self.kernels.close()
+        if provider is not None:
+            await provider.close()
         self.hosts.close()
+
+    def _host_provider(self) -> LocalProcessHostProvider:
+        """Local host agents with virtual GPUs, registering with this gateway."""
+        address = "127.0.0.1" if self.ip in ("", "0.0.0.0") else self.ip
+        if ":" in address:
+            address = "[::1]" if address == "::" else f"[{address}]"
+        return LocalProcessHostProvider(
+            f"http://{address}:{self.port}",
+            self.token,
+            Path(self.state_dir, "autoscaled"),
+            gpus_per_host=self.autoscale_gpus_per_host,
+            max_hosts=self.max_hosts,
+        )
+
+    async def _autoscale(self, provider: LocalProcessHostProvider, stop: asyncio.Event) -> None:
+        """Autoscaling rounds until `stop`, the first after one heartbeat timeout: by then the
+        hosts already running (started beside the gateway, or left by a previous one) have
+        registered, and are not mistaken for missing ones."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), self.heartbeat_timeout)
+        await self._autoscaler(provider).run(self.autoscale_interval, stop)
+
+    def _autoscaler(self, provider: LocalProcessHostProvider) -> Autoscaler:
+        autoscaling = self.autoscaling()
+        log.info(
+            "autoscaling between %d and %s hosts, adding hosts of %d GPU(s)",
+            autoscaling.min_hosts,
+            autoscaling.max_hosts or "any number of",
+            provider.gpus_per_host,
+        )
+        return Autoscaler(
+            self.kernels.snapshot,
+            self.kernels.policy,
+            provider,
+            self.kernels.drain_host,
+            cooldown=self.autoscale_cooldown,
+            patience=self.autoscale_patience,
+            min_hosts=autoscaling.min_hosts,
+            max_hosts=autoscaling.max_hosts,
+            metrics=self.kernels.metrics,
+            forget=self.hosts.forget,
+        )
 
     async def _watch_hosts(self, stop: asyncio.Event) -> None:
         interval = max(0.2, self.heartbeat_timeout / 5)

@@ -6,14 +6,15 @@ Each round (`run_once`) takes a fresh `FleetSnapshot`, asks ``policy.autoscale``
 - `ScaleIn(ids)`: a chosen host this provider did not start (started by hand, say) is swapped
   for the provider's idle host with the fewest replicas that was not chosen, if any. Then for
   each host, within ``min_hosts``: skip it if it has a committed GPU (or is still not the
-  provider's); if it holds replicas, ``await drain(host_id)`` (the caller migrates them away)
-  and re-check that it holds none; then stop it.
+  provider's); ``await drain(host_id)`` (the caller closes it to new work and migrates its
+  replicas away) and re-check that it holds none; then stop it. A drained host that cannot be
+  stopped stays closed to new work.
 
 A decision is acted on only once the policy gave the same kind of decision ``patience`` rounds
 in a row (sustained demand, not a blip), and no sooner than ``cooldown`` seconds after the last
 round that started or stopped a host. Hosts the provider started that the snapshot does not yet
 show alive count as pending; hosts stopped here are shown dead until the snapshot forgets them
-(the gateway notices only when their heartbeats stop).
+(``forget`` tells the gateway at once; otherwise it notices when their heartbeats stop).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Autoscaler:
         min_hosts: int = 0,
         max_hosts: int = 0,
         metrics: FleetMetrics | None = None,
+        forget: Callable[[str], None] | None = None,
     ) -> None:
         if patience < 1 or cooldown < 0 or min_hosts < 0 or max_hosts < 0:
             raise ValueError("patience must be >= 1; cooldown and host limits >= 0")
@@ -78,6 +80,7 @@ class Autoscaler:
         self.min_hosts = min_hosts
         self.max_hosts = max_hosts
         self._metrics = metrics
+        self._forget = forget
         self._lock = asyncio.Lock()
         self._last_action: float | None = None
         self._streak: tuple[type, int] = (Hold, 0)
@@ -213,16 +216,18 @@ class Autoscaler:
         host = snapshot.host(host_id)
         if host is not None and host.gpus_committed > 0:
             return f"{host.gpus_committed} GPU(s) committed"
-        if host is not None and host.replicas > 0:
-            try:
-                await self._drain(host_id)
-            except FleetError as e:
-                return f"draining failed: {e.message}"
-            after = self.snapshot().host(host_id)
-            if after is not None and (after.replicas > 0 or after.gpus_committed > 0):
-                return f"still holds {after.replicas} replica(s) after draining"
+        try:
+            await self._drain(host_id)  # even with no replica: it closes the host to new ones
+        except FleetError as e:
+            return f"draining failed: {e.message}"
+        after = self.snapshot().host(host_id)
+        if after is not None and (after.replicas > 0 or after.gpus_committed > 0):
+            return f"still holds {after.replicas} replica(s) after draining"
         try:
             await self.provider.stop_host(host_id)
         except FleetError as e:
+            log.error("host %s was drained but could not be stopped: %s", host_id, e.message)
             return f"stopping failed: {e.message}"
+        if self._forget is not None:
+            self._forget(host_id)
         return ""

@@ -125,6 +125,20 @@ class HostRegistry:
                 lost.append(host)
         return lost
 
+    def forget(self, host_id: str) -> None:
+        """Drop a host that was stopped on purpose (scaled in), at once rather than after its
+        heartbeats stop. If it was alive, `on_lost` runs first, so whatever it still held is
+        handled as lost. Unknown ids are ignored: a host is forgotten once."""
+        host = self._hosts.get(host_id)
+        if host is None:
+            return
+        if host.alive:
+            host.move_to(HostState.LOST)
+            self._on_lost(host)
+        del self._hosts[host_id]
+        host.client.close()
+        log.info("host %s forgotten: it was stopped", host_id)
+
     def get(self, host_id: str) -> HostRecord:
         try:
             return self._hosts[host_id]

@@ -81,11 +81,17 @@ class KernelService:
         self._context = zmq.asyncio.Context()
         self._repairs: set[asyncio.Future[None]] = set()
         self._status_session = Session(username="kernelfleet")
+        self._draining: set[str] = set()
+        """Hosts being emptied to be stopped: no new replica or cell goes there."""
         self.metrics = metrics or FleetMetrics()
         self.ledger = GpuLedger(check_ledger, lambda _: self.metrics.ledger_breaches.inc())
         self._chooser = ExecutorChooser(policy, self.ledger, self, self.metrics)
 
     # ---- queries ---------------------------------------------------------------------------
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
 
     def get(self, kernel_id: str) -> KernelRecord:
         try:
@@ -98,14 +104,16 @@ class KernelService:
 
     def snapshot(self) -> FleetSnapshot:
         """The fleet as policies see it: each host's GPUs from the ledger (subscribed by idle
-        replicas, committed to running cells)."""
-        hosts = tuple(
-            self.ledger.host_snapshot(host.id, host.alive)
-            if host.id in self.ledger.hosts()
-            else HostSnapshot(id=host.id, gpus_total=len(host.gpus), alive=host.alive)
-            for host in self._hosts.all()
-        )
-        return FleetSnapshot(hosts=hosts)
+        replicas, committed to running cells), and the GPUs that waiting cells ask for. A host
+        being drained shows as not alive, so nothing new is placed or run there."""
+        hosts = []
+        for host in self._hosts.all():
+            alive = host.alive and host.id not in self._draining
+            if host.id in self.ledger.hosts():
+                hosts.append(self.ledger.host_snapshot(host.id, alive))
+            else:
+                hosts.append(HostSnapshot(id=host.id, gpus_total=len(host.gpus), alive=alive))
+        return FleetSnapshot(hosts=tuple(hosts), gpus_waiting=self._chooser.waiting_gpus)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -320,6 +328,7 @@ class KernelService:
                     self._replica_died(kernel, replica, f"the agent on {host.id} restarted")
 
     def on_host_lost(self, host: HostRecord) -> None:
+        self._draining.discard(host.id)
         self.ledger.drop_host(host.id)
         self._chooser.capacity_changed()
         for kernel in self._kernels.values():
@@ -537,6 +546,39 @@ class KernelService:
                 await self._move(kernel, old, host_id)
         log.info("kernel %s: replica %s moved", kernel_id, replica_id)
         return kernel
+
+    async def drain_host(self, host_id: str) -> None:
+        """Move every replica off `host_id`, add-first with state kept, so it can be stopped.
+
+        From the start the host takes no new replica and runs no new cell, and it stays so
+        until it is lost or forgotten (`HostRegistry.forget`). `NotFound` for an unknown host;
+        `Conflict`, before anything moves, if a kernel there has a single replica (it cannot
+        move without losing its state). If a move fails the host takes work again, and the
+        error propagates; replicas already moved stay moved."""
+        self._hosts.get(host_id)
+        leaving = [
+            (kernel, replica)
+            for kernel in list(self._kernels.values())
+            for replica in kernel.replicas
+            if replica.host_id == host_id and replica.state != "dead"
+        ]
+        unmovable = sorted(kernel.id for kernel, _ in leaving if not kernel.replicated)
+        if unmovable:
+            raise Conflict(
+                f"host {host_id} runs single-replica kernel(s) {', '.join(unmovable)}, which "
+                "cannot move without losing their state"
+            )
+        self._draining.add(host_id)
+        self._chooser.capacity_changed()
+        try:
+            for kernel, replica in leaving:
+                if kernel.id in self._kernels and replica in kernel.replicas:
+                    await self.migrate(kernel.id, replica.id, None)
+        except BaseException:
+            self._draining.discard(host_id)
+            self._chooser.capacity_changed()
+            raise
+        log.info("host %s drained: %d replica(s) moved away", host_id, len(leaving))
 
     def _cells_held(self, kernel: KernelRecord) -> Any:
         """No cell starts while the body runs (once the running one ended)."""

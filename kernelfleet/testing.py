@@ -188,6 +188,9 @@ class Fleet:
         self.hosts[host_id].wait(10)
 
     def stop(self) -> None:
+        """SIGTERM the gateway and the hosts, SIGKILL what lingers, including host agents the
+        gateway's autoscaler started."""
+        started_by_gateway = descendants(self.gateway.pid) if self.gateway is not None else []
         for process in [self.gateway, *self.hosts.values()]:
             if process is not None and process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -199,6 +202,9 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+        for pid in started_by_gateway:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def descendants(pid: int) -> list[int]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import abc
 import enum
+import inspect
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 from kernelfleet.errors import InvalidRequest, NoCapacity
+from kernelfleet.scheduler.autoscale import AutoscaleConfig
 from kernelfleet.scheduler.decisions import (
     AdmitDecision,
     AutoscaleDecision,
@@ -118,12 +120,16 @@ def available_policies() -> list[str]:
     return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
-def load_policy(name: str) -> Policy:
-    """Instantiate the policy registered as `name`; `InvalidRequest` lists the known names."""
+def load_policy(name: str, autoscaling: AutoscaleConfig | None = None) -> Policy:
+    """Instantiate the policy registered as `name`, with the autoscaler parameters
+    `autoscaling` if it takes them (its defaults otherwise); `InvalidRequest` lists the known
+    names."""
     matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
     if not matches:
         raise InvalidRequest(
             f"unknown policy {name!r}; installed policies: {', '.join(available_policies())}"
         )
     policy_class = matches[0].load()
+    if autoscaling is not None and "autoscaling" in inspect.signature(policy_class).parameters:
+        return policy_class(autoscaling=autoscaling)
     return policy_class()

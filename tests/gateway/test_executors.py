@@ -116,7 +116,8 @@ async def test_waiting_cells_get_freed_gpus_oldest_first(fleet) -> None:
 
     holders[1].release()
     await settle()
-    assert older.done() and not younger.done()
+    assert older.done()
+    assert not younger.done()
     holders[0].release()
     await asyncio.wait_for(younger, 1)
 

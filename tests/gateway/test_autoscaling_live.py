@@ -1,0 +1,96 @@
+"""The gateway's own autoscaler, live (issue 4's acceptance): it adds a host under sustained GPU
+demand and removes an idle one, moving its replicas first.
+
+Two hand-started hosts with one virtual GPU each; kernels run two replicas and ask for one GPU.
+The autoscaler (notebookos's formula: hosts = ceil(demand GPUs / GPUs per host) + buffer, here
+with no buffer host and no headroom) may grow the fleet to three hosts. Three cells at once
+want three GPUs: the third waits, a host is added, a replica of the waiting kernel moves there
+and the cell runs. Once everything is idle the added host is drained and stopped, and the moved
+kernel keeps its state.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kernelfleet.testing import TOKEN, Fleet, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+SLEEP = "import os, time\nprint('gpus', os.environ['KERNELFLEET_GPUS'], flush=True)\ntime.sleep(6)"
+
+
+@pytest.fixture
+def scaling_fleet(tmp_path):
+    fleet = Fleet(state_dir=tmp_path, token=TOKEN, env={})
+    try:
+        fleet.start_gateway(
+            "--replicas", "2", "--autoscale", "--min-hosts", "2", "--max-hosts", "3",
+            "--GatewayApp.autoscale_interval=0.3", "--GatewayApp.autoscale_patience=2",
+            "--GatewayApp.autoscale_cooldown=0", "--GatewayApp.autoscale_buffer_hosts=0",
+            "--GatewayApp.autoscale_headroom=1.0", "--GatewayApp.autoscale_gpus_per_host=1",
+            "--GatewayApp.check_ledger=True",
+        )  # fmt: skip
+        for host_id in ("host-1", "host-2"):
+            fleet.start_host(host_id, 1)
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def hosts(fleet: Fleet) -> dict[str, dict]:
+    return {host["id"]: host for host in fleet.api("GET", "/api/fleet/hosts")}
+
+
+def metric(fleet: Fleet, name: str) -> float:
+    found = re.search(rf"^{name} (\S+)$", fleet.request_text("GET", "/metrics"), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def replica_hosts(fleet: Fleet, kernel_id: str) -> set[str]:
+    replicas = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+    return {replica["host"] for replica in replicas if replica["state"] != "dead"}
+
+
+async def test_a_host_is_added_under_demand_and_removed_when_idle(scaling_fleet):
+    fleet = scaling_fleet
+    kernels = [fleet.start_kernel(env={"KERNEL_GPUS": "1"}) for _ in range(3)]
+    clients = [await fleet.connect(kernel_id) for kernel_id in kernels]
+    remembered = await clients[2].execute("state = 'kept'")
+    assert remembered.reply["status"] == "ok"
+    assert set(hosts(fleet)) == {"host-1", "host-2"}
+
+    busy = [c.send("execute_request", {"code": SLEEP}) for c in clients[:2]]
+    for client, msg_id in zip(clients[:2], busy, strict=True):
+        await client.wait_for_output(msg_id, "gpus")
+    late = clients[2].send(
+        "execute_request", {"code": "import time\nprint('ran', state, flush=True)\ntime.sleep(2)"}
+    )
+    await clients[2].wait_for_output(late, "ran kept", timeout=60)
+    assert "auto-1" in replica_hosts(fleet, kernels[2])
+    assert hosts(fleet)["auto-1"]["gpus"]["committed"] == 1
+    assert metric(fleet, "kernelfleet_scale_out_hosts_total") == 1
+    result = await clients[2].collect(late, timeout=30)
+    said = [m["content"]["data"]["text/plain"] for m in result.iopub if "data" in m["content"]]
+    assert result.reply["status"] == "ok", result.reply
+    assert any("waiting for 1 GPU" in line for line in said), said
+    assert any("moving a replica to auto-1" in line for line in said), said
+    for client, msg_id in zip(clients[:2], busy, strict=True):
+        assert (await client.collect(msg_id, timeout=30)).reply["status"] == "ok"
+
+    # Idle again: the added host is drained (its replica moves) and stopped.
+    wait_for(lambda: "auto-1" not in hosts(fleet), 60, "the added host to be removed")
+    assert "auto-1" not in replica_hosts(fleet, kernels[2])
+    assert len(replica_hosts(fleet, kernels[2])) == 2
+    assert metric(fleet, "kernelfleet_scale_in_hosts_total") == 1
+    assert metric(fleet, 'kernelfleet_migrations_total{outcome="succeeded"}') == 2
+    again = await clients[2].execute("print('still', state)")
+    assert again.reply["status"] == "ok"
+    assert "still kept" in again.stdout
+    assert sum(host["gpus"]["committed"] for host in hosts(fleet).values()) == 0
+    assert metric(fleet, "kernelfleet_ledger_breaches_total") == 0
+    assert "drained" in fleet.log("gateway")
+    for client in clients:
+        client.close()
