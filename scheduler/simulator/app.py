@@ -126,7 +126,7 @@ class SimulateApp(Application):
             f"Trace {trace.path}: {len(trace.events):,} events, {len(trace.sessions):,} sessions"
             + (f", {len(trace.skipped):,} bad rows skipped" if trace.skipped else "")
         )
-        print(assumptions_text(config))
+        print(assumptions_text(config, policies))
         started = time.monotonic()
         results = simulate(trace, policies, config, self._progress_line())
         elapsed = time.monotonic() - started

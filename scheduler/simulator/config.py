@@ -1,7 +1,8 @@
 """Every assumption of the simulation, named, with its default and meaning.
 
 All durations are in seconds of simulated time. `SimulationConfig.assumptions` is what the
-command prints and writes under ``"assumptions"`` in its JSON.
+command prints and writes under ``"assumptions"`` in its JSON; `policy_assumptions` is what
+each policy adds (written under ``"assumptions"["per_policy"]``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Any
 
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.scheduler.autoscale import AutoscaleConfig
+from kernelfleet.scheduler.policies import AutoscalingPolicy
+from kernelfleet.scheduler.policy import Policy
 
 #: one line per assumption, printed with the results
 EXPLANATIONS = {
@@ -82,3 +85,17 @@ class SimulationConfig:
             max_hosts=self.max_hosts,
             count_waiting=self.count_waiting_gpus,
         )
+
+
+def policy_assumptions(policy: Policy) -> dict[str, Any]:
+    """What a policy brings to the model besides `SimulationConfig`: replicas per kernel, when
+    it binds GPUs, where its state sync sits, and the autoscaler parameters it actually uses
+    (read from the policy, so a policy that changes the config's would show it; None for a
+    policy with an autoscaler of its own)."""
+    autoscaling = policy.autoscaling if isinstance(policy, AutoscalingPolicy) else None
+    return {
+        "replicas": policy.replicas,
+        "gpu_binding": policy.binding.value,
+        "state_sync": policy.state_sync.value,
+        "autoscaling": asdict(autoscaling) if autoscaling is not None else None,
+    }

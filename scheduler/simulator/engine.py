@@ -13,7 +13,6 @@ from __future__ import annotations
 import enum
 import heapq
 import logging
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,11 +33,12 @@ from kernelfleet.scheduler.policy import (
     StateSync,
 )
 from kernelfleet.scheduler.simulator.cluster import Cluster, LedgerError, SimKernel
-from kernelfleet.scheduler.simulator.config import SimulationConfig
+from kernelfleet.scheduler.simulator.config import SimulationConfig, policy_assumptions
 from kernelfleet.scheduler.simulator.metrics import Gauge, PolicyResult
 from kernelfleet.scheduler.simulator.sessions import SessionState, SimSession
 from kernelfleet.scheduler.snapshot import FleetSnapshot
 from kernelfleet.scheduler.trace import Trace
+from kernelfleet.scheduler.usage import UsageWindow
 
 log = logging.getLogger("kernelfleet.scheduler.simulator")
 
@@ -80,7 +80,9 @@ class Simulation:
         self.config = config
         self.progress = progress
         self.cluster = Cluster(config.gpus_per_host)
-        self.result = PolicyResult(policy.name, sessions=len(trace.sessions))
+        self.result = PolicyResult(
+            policy.name, policy_assumptions(policy), sessions=len(trace.sessions)
+        )
         self.sessions = [SimSession(s, SimKernel(f"k{s.id}", s.gpus)) for s in trace.sessions]
         self.now = min((s.start_min * 60 for s in trace.sessions), default=0.0)
         self.now -= config.session_lead_s
@@ -91,8 +93,7 @@ class Simulation:
         self._seq = 0
         self._waiting: list[_Waiting] = []
         self._remaining = len(self.sessions)
-        window = max(1, round(config.ratio_window_s / config.autoscale_interval_s))
-        self._window: deque[tuple[float, float]] = deque(maxlen=window)
+        self._window = UsageWindow.spanning(config.ratio_window_s, config.autoscale_interval_s)
         self._ratio_inputs = (0.0, 0.0)
         self._quiet_version = -1
 
@@ -291,10 +292,8 @@ class Simulation:
 
     def _tick(self) -> None:
         subscribed = sum(host.subscribed for host in self.cluster.hosts.values())
-        self._window.append((float(subscribed), self.busy.value))
-        demand = sum(d for d, _ in self._window) / len(self._window)
-        busy = sum(b for _, b in self._window) / len(self._window)
-        self._ratio_inputs = (demand, busy)
+        self._window.add(float(subscribed), self.busy.value)
+        self._ratio_inputs = (self._window.demand, self._window.busy)
         if self.cluster.version != self._quiet_version or self._waiting:
             decision = self.policy.autoscale(self._snapshot())
             if isinstance(decision, ScaleOut):

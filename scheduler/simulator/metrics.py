@@ -45,6 +45,7 @@ class PolicyResult:
     """One policy's outcome. `as_json` gives exactly the documented JSON fields."""
 
     policy: str
+    assumptions: dict[str, Any] = field(default_factory=dict)  # `policy_assumptions`
     sessions: int = 0
     events: int = 0
     migrations: int = 0  # every replica move: for a cell, or off a host being released

@@ -9,7 +9,11 @@ from kernelfleet.errors import InvalidRequest
 from kernelfleet.scheduler.autoscale import AutoscaleConfig
 from kernelfleet.scheduler.policies import BUILTIN_POLICIES, AutoscalingPolicy
 from kernelfleet.scheduler.policy import ENTRY_POINT_GROUP, Policy
-from kernelfleet.scheduler.simulator.config import EXPLANATIONS, SimulationConfig
+from kernelfleet.scheduler.simulator.config import (
+    EXPLANATIONS,
+    SimulationConfig,
+    policy_assumptions,
+)
 from kernelfleet.scheduler.simulator.metrics import PolicyResult
 
 
@@ -31,18 +35,41 @@ def resolve_policy(name: str, autoscaling: AutoscaleConfig) -> Policy:
 
 
 def as_document(config: SimulationConfig, results: dict[str, PolicyResult]) -> dict[str, Any]:
-    """Exactly ``{"assumptions": {...}, "policies": {NAME: {...}}}`` (`PolicyResult.as_json`)."""
+    """Exactly ``{"assumptions": {...}, "policies": {NAME: {...}}}`` (`PolicyResult.as_json`);
+    the assumptions are the config's and, under ``per_policy``, each policy's own."""
+    per_policy = {name: result.assumptions for name, result in results.items()}
     return {
-        "assumptions": config.assumptions,
+        "assumptions": {**config.assumptions, "per_policy": per_policy},
         "policies": {name: result.as_json() for name, result in results.items()},
     }
 
 
-def assumptions_text(config: SimulationConfig) -> str:
+def assumptions_text(config: SimulationConfig, policies: list[Policy] | None = None) -> str:
+    """The config's assumptions, one a line, then each policy's (`policy_assumptions`)."""
     lines = ["Assumptions (change any with --SimulateApp.<name>=VALUE):"]
     for name, value in config.assumptions.items():
         lines.append(f"  {name:<24} {value!s:<8} {EXPLANATIONS[name]}")
+    for policy in policies or []:
+        lines.append(f"  {policy.name + ':':<24} {policy_assumptions_text(policy)}")
     return "\n".join(lines)
+
+
+def policy_assumptions_text(policy: Policy) -> str:
+    """One line: ``3 replicas, GPUs per-cell, state sync off-critical-path; autoscaler ...``."""
+    found = policy_assumptions(policy)
+    text = (
+        f"{found['replicas']} replica(s), GPUs bound {found['gpu_binding']}, "
+        f"state sync {found['state_sync']}; "
+    )
+    scaling = found["autoscaling"]
+    if scaling is None:
+        return text + "its own autoscaler"
+    return text + (
+        f"autoscaler headroom {scaling['headroom']:g}, buffer {scaling['buffer_hosts']} "
+        f"host(s), {scaling['min_hosts']}-{scaling['max_hosts'] or 'any'} hosts, "
+        f"at most {scaling['max_scale_in']} released a round, "
+        f"{'counting' if scaling['count_waiting'] else 'not counting'} queued GPUs"
+    )
 
 
 COLUMNS = (

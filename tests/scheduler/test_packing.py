@@ -68,13 +68,15 @@ def test_no_room_anywhere_scales_out_or_waits() -> None:
     assert isinstance(decision, Queue)
 
 
-def test_the_autoscaler_keeps_no_buffer_host() -> None:
-    # 12 committed GPUs * 1.05 / 8 -> 2 hosts (notebookos: 2 + 1 buffer); 4 alive, 2 idle
-    config = AutoscaleConfig(min_hosts=1)
+@pytest.mark.parametrize(("buffer_hosts", "released"), [(1, ("c",)), (0, ("c", "d"))])
+def test_the_autoscaler_is_notebookos_with_the_config_given(buffer_hosts, released) -> None:
+    # 12 committed GPUs * 1.05 / 8 -> 2 hosts + the buffer; 4 alive, 2 idle. No hidden
+    # override: packing and notebookos release the same hosts under the same config.
+    config = AutoscaleConfig(min_hosts=1, buffer_hosts=buffer_hosts)
     snapshot = fleet(host("a", com=8), host("b", com=4), host("c"), host("d", rep=2))
-    assert PackingPolicy(config).autoscale(snapshot) == ScaleIn(("c", "d"))
-    assert NotebookOSPolicy(config).autoscale(snapshot) == ScaleIn(("c",))
-    assert PackingPolicy(config, buffer_hosts=1).autoscale(snapshot) == ScaleIn(("c",))
+    assert PackingPolicy(config).autoscale(snapshot) == ScaleIn(released)
+    assert NotebookOSPolicy(config).autoscale(snapshot) == ScaleIn(released)
+    assert PackingPolicy(config).autoscaling == config
 
 
 def test_registered_as_an_entry_point() -> None:

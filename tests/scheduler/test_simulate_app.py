@@ -65,6 +65,16 @@ def test_simulate_writes_exactly_the_documented_json(
     assert document["assumptions"]["hosts"] == 4
     assert document["assumptions"]["session_linger_s"] == 1800.0
     assert list(document["policies"]) == ["notebookos", "reservation"]
+    per_policy = document["assumptions"]["per_policy"]
+    assert list(per_policy) == ["notebookos", "reservation"]
+    assert per_policy["notebookos"]["replicas"] == 3
+    assert per_policy["reservation"]["gpu_binding"] == "per-session"
+    for assumed in per_policy.values():
+        assert (
+            assumed["autoscaling"]["buffer_hosts"]
+            == document["assumptions"]["autoscale_buffer_hosts"]
+        )
+        assert assumed["autoscaling"]["min_hosts"] == 4
     for result in document["policies"].values():
         assert set(result) == POLICY_FIELDS
         assert set(result["start_delay_s"]) == {"p50", "p95", "p99"}
@@ -72,7 +82,8 @@ def test_simulate_writes_exactly_the_documented_json(
     printed = capsys.readouterr().out
     assert "4 events, 3 sessions" in printed
     assert "session_linger_s" in printed
-    assert "notebookos" in printed
+    assert "notebookos:" in printed
+    assert "buffer 1 host(s)" in printed
 
 
 def test_model_parameters_are_configurable(small_trace: Path, tmp_path: Path) -> None:
