@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import heapq
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,7 +39,6 @@ from kernelfleet.scheduler.simulator.metrics import Gauge, PolicyResult
 from kernelfleet.scheduler.simulator.sessions import SessionState, SimSession
 from kernelfleet.scheduler.snapshot import FleetSnapshot
 from kernelfleet.scheduler.trace import Trace
-from kernelfleet.scheduler.usage import UsageWindow
 
 log = logging.getLogger("kernelfleet.scheduler.simulator")
 
@@ -93,7 +93,8 @@ class Simulation:
         self._seq = 0
         self._waiting: list[_Waiting] = []
         self._remaining = len(self.sessions)
-        self._window = UsageWindow.spanning(config.ratio_window_s, config.autoscale_interval_s)
+        window = max(1, round(config.ratio_window_s / config.autoscale_interval_s))
+        self._window: deque[tuple[float, float]] = deque(maxlen=window)
         self._ratio_inputs = (0.0, 0.0)
         self._quiet_version = -1
 
@@ -292,8 +293,10 @@ class Simulation:
 
     def _tick(self) -> None:
         subscribed = sum(host.subscribed for host in self.cluster.hosts.values())
-        self._window.add(float(subscribed), self.busy.value)
-        self._ratio_inputs = (self._window.demand, self._window.busy)
+        self._window.append((float(subscribed), self.busy.value))
+        demand = sum(d for d, _ in self._window) / len(self._window)
+        busy = sum(b for _, b in self._window) / len(self._window)
+        self._ratio_inputs = (demand, busy)
         if self.cluster.version != self._quiet_version or self._waiting:
             decision = self.policy.autoscale(self._snapshot())
             if isinstance(decision, ScaleOut):
