@@ -481,6 +481,8 @@ class KernelService:
         self.persist()
         if kernel.dead:
             kernel.execution_state = "dead"
+            if kernel.link is not None:  # its running cell ends, and later ones fail at once
+                kernel.link.remove_replica(replica.id, f"the kernel's last replica died: {why}")
             self._announce(kernel, "dead")
         elif kernel.replicated:
             task = asyncio.ensure_future(self._repair(kernel, replica))
