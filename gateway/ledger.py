@@ -204,6 +204,8 @@ class GpuLedger:
         self._on_breach = on_breach
         self._depth = 0
         self._breach: str | None = None
+        if checked:
+            log.info("the GPU ledger checks its invariants after every change")
 
     # ---- hosts -----------------------------------------------------------------------------
 

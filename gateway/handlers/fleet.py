@@ -25,10 +25,19 @@ def host_models(handler: GatewayHandler) -> dict[str, dict[str, Any]]:
                 "total": views[host.id].gpus_total,
                 "subscribed": views[host.id].gpus_subscribed,
                 "committed": views[host.id].gpus_committed,
+                **vanished_gpus(handler, host.id),
             },
         }
         for host in handler.hosts.all()
     }
+
+
+def vanished_gpus(handler: GatewayHandler, host_id: str) -> dict[str, Any]:
+    """Devices the host no longer reports but running cells still hold until they end
+    (``vanished``); the host is ``over_committed`` while there are any."""
+    ledger = handler.kernels.ledger
+    vanished = list(ledger.view(host_id).vanished) if host_id in ledger.hosts() else []
+    return {"vanished": vanished, "over_committed": bool(vanished)}
 
 
 def fleet_model(handler: GatewayHandler) -> dict[str, Any]:
