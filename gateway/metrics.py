@@ -285,7 +285,7 @@ class FleetMetrics:
             "kernelfleet_committed_gpus", "GPUs bound to running cells now."
         )
         self.busy_gpus = r.gauge(
-            "kernelfleet_busy_gpus", "GPUs committed to running cells now (no moving window yet)."
+            "kernelfleet_busy_gpus", "GPUs committed to running cells, averaged over the window."
         )
         self.demand_gpus = r.gauge(
             "kernelfleet_demand_gpus", "GPUs subscribed by replicas, averaged over the window."

@@ -5,7 +5,10 @@ policy only sees frozen snapshots. Per session: its kernel is admitted ``session
 its first event; each event is a cell submitted when the trace says, shifted by the delays the
 session met so far (the trace's idle gap after the previous cell is kept); the session ends
 ``session_linger_s`` after its last cell. Requests a policy queues wait in arrival order and are
-asked about again whenever capacity changes (no head-of-line blocking).
+asked about again, oldest first, whenever capacity changes. As in the gateway
+(`kernelfleet.gateway.executors`), a cell may not take GPUs on a host where an older waiting cell
+could run (one of its kernel's replica hosts; any host for a kernel without replicas): free GPUs
+there are kept for the elder, so a large cell is not starved by a stream of small ones.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from __future__ import annotations
 import enum
 import heapq
 import logging
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,6 +41,7 @@ from kernelfleet.scheduler.simulator.metrics import Gauge, PolicyResult
 from kernelfleet.scheduler.simulator.sessions import SessionState, SimSession
 from kernelfleet.scheduler.snapshot import FleetSnapshot
 from kernelfleet.scheduler.trace import Trace
+from kernelfleet.scheduler.usage import UsageWindow
 
 log = logging.getLogger("kernelfleet.scheduler.simulator")
 
@@ -93,8 +96,7 @@ class Simulation:
         self._seq = 0
         self._waiting: list[_Waiting] = []
         self._remaining = len(self.sessions)
-        window = max(1, round(config.ratio_window_s / config.autoscale_interval_s))
-        self._window: deque[tuple[float, float]] = deque(maxlen=window)
+        self._window = UsageWindow.spanning(config.ratio_window_s, config.autoscale_interval_s)
         self._ratio_inputs = (0.0, 0.0)
         self._quiet_version = -1
 
@@ -193,21 +195,30 @@ class Simulation:
         """A cell arrives; it counts from its intended submit time even when the kernel's
         admission made it late."""
         since = min(self.now, session.next_submit)
-        if not self._try_cell(session, index, since):
+        if not self._try_cell(session, index, since, self._waiting):
             self._waiting.append(_Waiting(session, index, since))
 
-    def _try_cell(self, session: SimSession, index: int, since: float) -> bool:
-        """Ask the policy where the cell runs; True when it started or was rejected."""
+    def _try_cell(
+        self, session: SimSession, index: int, since: float, elders: list[_Waiting]
+    ) -> bool:
+        """Ask the policy where the cell runs; True when it started or was rejected. A host
+        that one of `elders` (the requests waiting longer) could run on is kept for it. A
+        migration is made before that check, as the gateway does; a cell that then waits
+        pays no migration cost when it runs (the move overlapped its wait)."""
         kernel = session.kernel
         request = ExecuteRequest(kernel.snapshot(), kernel.gpus)
         decision = self.policy.choose_executor(self._snapshot(), request)
         if isinstance(decision, RunOn):
+            if self._held_for(elders, decision.host_id, kernel.gpus):
+                return False
             self._start_cell(session, index, since, decision.host_id, 0.0)
             return True
         if isinstance(decision, Migrate):
             self.cluster.move_replica(kernel, decision.from_host, decision.to_host)
             self.result.migrations += 1
             self.result.migrations_for_cells += 1
+            if self._held_for(elders, decision.to_host, kernel.gpus):
+                return False
             cost = self.config.migration_cost_s
             self._start_cell(session, index, since, decision.to_host, cost)
             return True
@@ -220,6 +231,20 @@ class Simulation:
             return True
         if isinstance(decision, ScaleOut):
             self._provision(decision.hosts)
+        return False
+
+    def _held_for(self, elders: list[_Waiting], host_id: str, gpus: int) -> bool:
+        """Whether a waiting cell among `elders` could run on `host_id` (so its free GPUs are
+        kept for that cell). Never for a cell needing no GPU, nor under per-session binding,
+        where a cell runs on GPUs its kernel already holds."""
+        if gpus == 0 or self.policy.binding is GpuBinding.PER_SESSION:
+            return False
+        for item in elders:
+            kernel = item.session.kernel
+            if item.cell < 0 or kernel.gpus == 0:
+                continue  # an admission, or a cell that needs no GPU
+            if not kernel.replica_hosts or host_id in kernel.replica_hosts:
+                return True
         return False
 
     def _start_cell(
@@ -269,7 +294,8 @@ class Simulation:
     # ---- capacity ------------------------------------------------------------------------
 
     def _retry_waiting(self) -> None:
-        """Ask again about every queued request, in arrival order."""
+        """Ask again about every queued request, oldest first; a cell's elders are the older
+        requests still waiting."""
         if not self._waiting:
             return
         still: list[_Waiting] = []
@@ -277,7 +303,7 @@ class Simulation:
             if item.cell < 0:
                 done = self._try_admit(item.session)
             else:
-                done = self._try_cell(item.session, item.cell, item.since)
+                done = self._try_cell(item.session, item.cell, item.since, still)
             if not done:
                 still.append(item)
         self._waiting = still
@@ -293,10 +319,8 @@ class Simulation:
 
     def _tick(self) -> None:
         subscribed = sum(host.subscribed for host in self.cluster.hosts.values())
-        self._window.append((float(subscribed), self.busy.value))
-        demand = sum(d for d, _ in self._window) / len(self._window)
-        busy = sum(b for _, b in self._window) / len(self._window)
-        self._ratio_inputs = (demand, busy)
+        self._window.add(float(subscribed), self.busy.value)
+        self._ratio_inputs = (self._window.demand, self._window.busy)
         if self.cluster.version != self._quiet_version or self._waiting:
             decision = self.policy.autoscale(self._snapshot())
             if isinstance(decision, ScaleOut):
