@@ -27,7 +27,9 @@ from kernelfleet.gateway.kernel_service import KernelService
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
 from kernelfleet.gateway.records import ReplicationSettings
 from kernelfleet.gateway.store import KernelStore
-from kernelfleet.scheduler import AutoscaleConfig, load_policy
+from kernelfleet.scheduler import AutoscaleConfig, StateSync, load_policy
+from kernelfleet.scheduler.policies import cluster_subscription_ratio
+from kernelfleet.scheduler.usage import UsageWindow
 from kernelfleet.web import new_token
 
 log = logging.getLogger("kernelfleet.gateway")
@@ -120,6 +122,13 @@ class GatewayApp(Application):
         "and the gateway goes on. Default: $KERNELFLEET_CHECK_LEDGER is 1, else False.",
     )
 
+    ratio_window = Float(
+        300.0,
+        config=True,
+        help="Seconds of the moving window over which demand and busy GPUs are averaged for the "
+        "cluster subscription ratio (sampled every usage_sample_interval seconds).",
+    )
+    usage_sample_interval = Float(5.0, config=True, help="Seconds between usage samples.")
     autoscale = Bool(
         False,
         config=True,
@@ -175,6 +184,12 @@ class GatewayApp(Application):
             raise TraitError("a kernel needs at least 1 replica")
         return proposal["value"]
 
+    @validate("ratio_window", "usage_sample_interval", "autoscale_interval")
+    def _check_positive(self, proposal: dict) -> float:
+        if proposal["value"] <= 0:
+            raise TraitError(f"{proposal['trait'].name} must be > 0, not {proposal['value']}")
+        return proposal["value"]
+
     @validate("port")
     def _check_port(self, proposal: dict) -> int:
         if not 0 <= proposal["value"] <= 65535:
@@ -203,6 +218,16 @@ class GatewayApp(Application):
         except FleetError as e:
             self.log.critical("%s", e)
             self.exit(2)
+        if policy.state_sync is StateSync.ON_CRITICAL_PATH:
+            self.log.critical(
+                "policy %s starts a fresh container per cell and moves state on the critical "
+                "path; the gateway does not run it (only `kernelfleet simulate` does)",
+                self.policy,
+            )
+            self.exit(2)
+        if policy.replicas == 1 and self.replicas > 1:
+            log.info("policy %s runs one replica per kernel: --replicas ignored", self.policy)
+            self.replicas = 1
         self.hosts = HostRegistry(
             self.token,
             self.heartbeat_timeout,
@@ -223,6 +248,7 @@ class GatewayApp(Application):
             replication,
             KernelStore(self.state_dir),
             check_ledger=self.check_ledger,
+            usage=UsageWindow.spanning(self.ratio_window, self.usage_sample_interval),
         )
         self.kernels.metrics.registry.on_collect(self._collect_gpu_metrics)
         self.kernelspecs = kernelspecs
@@ -250,13 +276,14 @@ class GatewayApp(Application):
         )
 
     def _collect_gpu_metrics(self) -> None:
-        """Set the GPU gauges from the ledger, just before /metrics renders."""
+        """Set the GPU gauges from the ledger and the usage window, just before /metrics
+        renders; the ratio is the one the policy sees."""
         metrics, totals = self.kernels.metrics, self.kernels.ledger.totals()
         metrics.total_gpus.set(totals.total)
         metrics.committed_gpus.set(totals.committed)
-        metrics.busy_gpus.set(totals.committed)
-        metrics.demand_gpus.set(totals.demand)
-        metrics.subscription_ratio.set(totals.demand / totals.total if totals.total else 0.0)
+        metrics.busy_gpus.set(self.kernels.usage.busy)
+        metrics.demand_gpus.set(self.kernels.usage.demand)
+        metrics.subscription_ratio.set(cluster_subscription_ratio(self.kernels.snapshot()))
 
     async def serve(self) -> None:
         """Listen, watch host liveness, and stop cleanly on SIGINT/SIGTERM."""
@@ -270,6 +297,7 @@ class GatewayApp(Application):
             loop.add_signal_handler(signum, stop.set)
         log.info("gateway listening on http://%s:%d (policy %s)", self.ip, self.port, self.policy)
         watcher = asyncio.create_task(self._watch_hosts(stop))
+        sampler = asyncio.create_task(self._sample_usage(stop))
         recovery = asyncio.create_task(self.kernels.recover(grace=self.heartbeat_timeout))
         provider = self._host_provider() if self.autoscale else None
         scaling = None
@@ -279,6 +307,7 @@ class GatewayApp(Application):
         log.info("gateway stopping")
         server.stop()
         watcher.cancel()
+        sampler.cancel()
         recovery.cancel()
         if scaling is not None:
             scaling.cancel()
@@ -339,6 +368,11 @@ class GatewayApp(Application):
         while not stop.is_set():
             self.hosts.check_liveness(time.monotonic())
             await asyncio.sleep(interval)
+
+    async def _sample_usage(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.kernels.sample_usage()
+            await asyncio.sleep(self.usage_sample_interval)
 
     def start(self) -> None:
         asyncio.run(self.serve())

@@ -11,7 +11,9 @@ answer:
   ("waiting for 2 GPUs — 1 cell ahead of you"), then ask again; an interrupt cancels the wait;
 - `Reject`: fail the cell at once with the policy's reason.
 
-Devices committed to a cell are released when it ends, however it ends. A replica whose
+Devices committed to a cell are released when it ends, however it ends. Under a policy that
+binds GPUs per session (`reservation`), the kernel's GPUs are committed when it starts (or by
+its first cell, after its replica was replaced) and held until it goes. A replica whose
 memory may still sit on devices now committed to another cell is asked to move it off first
 (``kernelfleet_release_request``).
 """
@@ -30,12 +32,15 @@ from kernelfleet.gateway.cells import Assignment, Cell
 from kernelfleet.gateway.ledger import Commitment, GpuLedger
 from kernelfleet.gateway.metrics import FleetMetrics
 from kernelfleet.gateway.records import KernelRecord, ReplicaRecord
-from kernelfleet.scheduler import FleetSnapshot, Policy
+from kernelfleet.scheduler import FleetSnapshot, GpuBinding, Policy
 from kernelfleet.scheduler.decisions import Migrate, Reject, RunOn, ScaleOut
 from kernelfleet.scheduler.policy import ExecuteRequest
 from kernelfleet.scheduler.snapshot import KernelSnapshot
 
 log = logging.getLogger("kernelfleet.gateway.executors")
+
+SESSION = "session"
+"""The ledger's cell id for GPUs bound for a kernel's whole life (`GpuBinding.PER_SESSION`)."""
 
 RECHECK_INTERVAL = 2.0
 """Seconds between re-asking the policy while a cell waits, even if nothing was released."""
@@ -96,9 +101,24 @@ class ExecutorChooser:
         """The GPUs the waiting cells ask for, together (the autoscaler's unmet demand)."""
         return sum(waiter.gpus for waiter in self._waiting)
 
+    @property
+    def per_session(self) -> bool:
+        """Whether the policy binds GPUs for a kernel's whole life (`reservation`)."""
+        return self._policy.binding is GpuBinding.PER_SESSION
+
+    def reserve(self, kernel: KernelRecord, replica: ReplicaRecord) -> None:
+        """Commit the kernel's GPUs on `replica`'s host until the kernel (or the replica) goes:
+        what a per-session policy does when a kernel starts. `GpusUnavailable` if taken."""
+        self._ledger.commit(replica.host_id, kernel.id, replica.id, SESSION, kernel.gpus)
+
     async def assign(self, kernel: KernelRecord, cell: Cell) -> Assignment:
         """Choose the replica and GPUs of `cell`; waits while the policy says to wait."""
-        gpus = kernel.gpus if cell.gpus is None else cell.gpus
+        gpus = kernel.gpus if cell.gpus is None or self.per_session else cell.gpus
+        if self.per_session and cell.gpus not in (None, kernel.gpus):
+            raise NoCapacity(
+                f"under the {self._policy.name} policy a cell runs on its kernel's "
+                f"{_gpus(kernel.gpus)}, held for its whole life; it cannot ask for {cell.gpus}"
+            )
         waiter: _Waiter | None = None
         try:
             while True:
@@ -108,6 +128,11 @@ class ExecutorChooser:
                 )
                 if isinstance(decision, Reject):
                     raise NoCapacity(f"this cell {decision.reason.value} ({decision.detail})")
+                if isinstance(decision, RunOn) and self.per_session:
+                    replica = next(r for r in replicas if r.host_id == decision.host_id)
+                    held = self._ledger.binding(kernel.id, replica.id)
+                    if held is not None:  # the kernel's own GPUs: nothing to commit or release
+                        return Assignment(replica.id, held.device_ids)
                 if isinstance(decision, RunOn) and not self._held_for_elders(
                     decision.host_id, gpus, waiter
                 ):
@@ -119,6 +144,8 @@ class ExecutorChooser:
                             waited = time.monotonic() - waiter.since
                             cell.say(f"kernelfleet: waited {waited:.1f} s for {_gpus(gpus)}")
                         await self._displace(commitment)
+                        if self.per_session:
+                            return Assignment(replica.id, commitment.device_ids)
                         return Assignment(
                             replica.id,
                             commitment.device_ids,
@@ -199,8 +226,9 @@ class ExecutorChooser:
         self, kernel: KernelRecord, replica: ReplicaRecord, cell: Cell, gpus: int
     ) -> Commitment | None:
         """Commit the GPUs; None if another cell took them first (the caller asks again)."""
+        binding = SESSION if self.per_session else cell.id
         try:
-            return self._ledger.commit(replica.host_id, kernel.id, replica.id, cell.id, gpus)
+            return self._ledger.commit(replica.host_id, kernel.id, replica.id, binding, gpus)
         except GpusUnavailable:
             return None
 

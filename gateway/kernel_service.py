@@ -13,6 +13,7 @@ import json
 import logging
 import time
 import uuid
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,10 +23,12 @@ from jupyter_client.session import Session
 from kernelfleet.errors import (
     Conflict,
     FleetError,
+    GpusUnavailable,
     HostUnavailable,
     InvalidRequest,
     KernelDead,
     KernelStartFailed,
+    NoCapacity,
     NotFound,
 )
 from kernelfleet.gateway.cells import Cell
@@ -51,6 +54,7 @@ from kernelfleet.gateway.replication import (
 )
 from kernelfleet.gateway.store import KernelStore
 from kernelfleet.scheduler import FleetSnapshot, HostSnapshot, Placement, PlacementRequest, Policy
+from kernelfleet.scheduler.usage import UsageWindow
 
 log = logging.getLogger("kernelfleet.gateway.kernels")
 
@@ -69,6 +73,7 @@ class KernelService:
         store: KernelStore | None = None,
         metrics: FleetMetrics | None = None,
         check_ledger: bool = False,
+        usage: UsageWindow | None = None,
     ) -> None:
         self._hosts = hosts
         self._policy = policy
@@ -81,8 +86,12 @@ class KernelService:
         self._context = zmq.asyncio.Context()
         self._repairs: set[asyncio.Future[None]] = set()
         self._status_session = Session(username="kernelfleet")
+        self.usage = usage or UsageWindow(1)
+        """Demand and busy GPUs over a moving window, for the subscription ratio."""
         self._draining: set[str] = set()
         """Hosts being emptied to be stopped: no new replica or cell goes there."""
+        self._arriving: Counter[str] = Counter()
+        """Replicas being started, by host (not in the ledger yet)."""
         self.metrics = metrics or FleetMetrics()
         self.ledger = GpuLedger(check_ledger, lambda _: self.metrics.ledger_breaches.inc())
         self._chooser = ExecutorChooser(policy, self.ledger, self, self.metrics)
@@ -113,7 +122,18 @@ class KernelService:
                 hosts.append(self.ledger.host_snapshot(host.id, alive))
             else:
                 hosts.append(HostSnapshot(id=host.id, gpus_total=len(host.gpus), alive=alive))
-        return FleetSnapshot(hosts=tuple(hosts), gpus_waiting=self._chooser.waiting_gpus)
+        return FleetSnapshot(
+            hosts=tuple(hosts),
+            demand_gpus=self.usage.demand,
+            busy_gpus=self.usage.busy,
+            gpus_waiting=self._chooser.waiting_gpus,
+        )
+
+    def sample_usage(self) -> None:
+        """Add the GPUs subscribed by every replica (demand) and committed now (busy) to the
+        moving window; the caller calls this at a fixed interval."""
+        totals = self.ledger.totals()
+        self.usage.add(totals.demand, totals.committed)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -135,6 +155,8 @@ class KernelService:
         started = time.monotonic()
         try:
             await self._launch_group(kernel, placement.host_ids)
+            if self._chooser.per_session and kernel.gpus:
+                await self._reserve(kernel)
         except BaseException:
             self._kernels.pop(kernel.id, None)
             self.ledger.remove_kernel(kernel.id)
@@ -143,6 +165,16 @@ class KernelService:
         self.persist()
         log.info("kernel %s (%s) started on %s", kernel.id, name, ", ".join(placement.host_ids))
         return kernel
+
+    async def _reserve(self, kernel: KernelRecord) -> None:
+        """Commit the kernel's GPUs for its whole life on its first replica's host (per-session
+        policies); if another kernel took them since placement, stop it: `NoCapacity`."""
+        try:
+            self._chooser.reserve(kernel, kernel.replicas[0])
+        except GpusUnavailable as e:
+            await self._stop_replicas(kernel)
+            raise NoCapacity(f"kernel {kernel.id}: {e.message}") from e
+        kernel.executor = kernel.replicas[0].id
 
     def _place(self, kernel: KernelRecord) -> Placement:
         request = PlacementRequest(kernel.id, replicas=kernel.replicas_wanted, gpus=kernel.gpus)
@@ -351,14 +383,18 @@ class KernelService:
     async def _launch_replica(self, kernel: KernelRecord, host_id: str) -> ReplicaRecord:
         host = self._hosts.get(host_id)
         replica_id = f"{kernel.id[:8]}-{uuid.uuid4().hex[:6]}"
-        model = await host.client.start_replica(
-            replica_id,
-            kernel.id,
-            kernel.launch_name,
-            kernel.env,
-            launch_timeout=self._launch_timeout,
-            raft=kernel.replicated,
-        )
+        self._arriving[host_id] += 1
+        try:
+            model = await host.client.start_replica(
+                replica_id,
+                kernel.id,
+                kernel.launch_name,
+                kernel.env,
+                launch_timeout=self._launch_timeout,
+                raft=kernel.replicated,
+            )
+        finally:
+            self._arriving[host_id] -= 1
         replica = ReplicaRecord(
             id=replica_id,
             host_id=host_id,
@@ -555,9 +591,12 @@ class KernelService:
         From the start the host takes no new replica and runs no new cell, and it stays so
         until it is lost or forgotten (`HostRegistry.forget`). `NotFound` for an unknown host;
         `Conflict`, before anything moves, if a kernel there has a single replica (it cannot
-        move without losing its state). If a move fails the host takes work again, and the
-        error propagates; replicas already moved stay moved."""
+        move without losing its state) or a replica is being started there (a migration to it,
+        say: the host is not idle after all). If a move fails the host takes work again, and
+        the error propagates; replicas already moved stay moved."""
         self._hosts.get(host_id)
+        if self._arriving[host_id]:
+            raise Conflict(f"host {host_id} is starting {self._arriving[host_id]} replica(s)")
         leaving = [
             (kernel, replica)
             for kernel in list(self._kernels.values())

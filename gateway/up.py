@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from traitlets import Float, Int, TraitError, Unicode, default, validate
+from traitlets import Bool, Float, Int, TraitError, Unicode, default, validate
 from traitlets.config import Application
 
 from kernelfleet import __version__
@@ -45,6 +45,13 @@ class UpApp(Application):
         "gpus-per-host": "UpApp.gpus_per_host",
         "replicas": "UpApp.replicas",
         "state-dir": "UpApp.state_dir",
+        "max-hosts": "UpApp.max_hosts",
+    }
+    flags = {
+        "autoscale": (
+            {"UpApp": {"autoscale": True}},
+            "Let the gateway add hosts under GPU demand (up to --max-hosts) and stop idle ones.",
+        ),
     }
 
     ip = Unicode("127.0.0.1", config=True, help="Address the gateway listens on.")
@@ -55,6 +62,13 @@ class UpApp(Application):
     hosts = Int(3, config=True, help="Number of local host agents.")
     gpus_per_host = Int(2, config=True, help="Virtual GPUs per host agent.")
     replicas = Int(3, config=True, help="Replicas per kernel (at most the number of hosts).")
+    autoscale = Bool(
+        False,
+        config=True,
+        help="The gateway adds local host agents (each with --gpus-per-host virtual GPUs) under "
+        "sustained GPU demand, and drains and stops idle ones it added; never fewer than --hosts.",
+    )
+    max_hosts = Int(8, config=True, help="Most hosts when autoscaling.")
     state_dir = Unicode(
         config=True,
         help="Folder for state and logs. Default: $KERNELFLEET_STATE_DIR, else ./.kernelfleet.",
@@ -97,6 +111,7 @@ class UpApp(Application):
                 f"{self.state_dir}/gateway",
                 "--replicas",
                 str(min(self.replicas, self.hosts)),
+                *self._autoscale_args(),
             ],
         )
         self.agents = [
@@ -112,7 +127,8 @@ class UpApp(Application):
             self._wait_until_up(stopping)
             print(
                 f"kernelfleet is up: {self.url} token={self.token} "
-                f"({self.hosts} hosts x {self.gpus_per_host} GPUs) | connect with: "
+                f"({self.hosts} hosts x {self.gpus_per_host} GPUs{self._scaling_note()}) | "
+                "connect with: "
                 f"jupyter lab --gateway-url={self.url} --GatewayClient.auth_token={self.token}",
                 flush=True,
             )
@@ -121,6 +137,19 @@ class UpApp(Application):
                 time.sleep(0.2)
         finally:
             self._stop_all()
+
+    def _scaling_note(self) -> str:
+        return f", autoscaling up to {max(self.max_hosts, self.hosts)}" if self.autoscale else ""
+
+    def _autoscale_args(self) -> list[str]:
+        if not self.autoscale:
+            return []
+        return [
+            "--autoscale",
+            f"--min-hosts={self.hosts}",
+            f"--max-hosts={max(self.max_hosts, self.hosts)}",
+            f"--GatewayApp.autoscale_gpus_per_host={self.gpus_per_host}",
+        ]
 
     def _spawn(self, label: str, args: list[str]) -> subprocess.Popen:
         process = spawn_kernelfleet(args, self.logs / f"{label}.log", self.token)

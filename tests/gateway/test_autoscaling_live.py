@@ -19,7 +19,7 @@ from kernelfleet.testing import TOKEN, Fleet, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-SLEEP = "import os, time\nprint('gpus', os.environ['KERNELFLEET_GPUS'], flush=True)\ntime.sleep(6)"
+SLEEP = "import os, time\nprint('gpus', os.environ['KERNELFLEET_GPUS'], flush=True)\ntime.sleep(10)"
 
 
 @pytest.fixture
