@@ -16,6 +16,7 @@ import re
 import signal
 import threading
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -126,13 +127,16 @@ async def test_a_cell_whose_replica_hosts_are_busy_moves_a_replica_to_a_free_gpu
     # Three other kernels, each with its replicas on exactly A's hosts (moved there if placed
     # on the free one), each running a cell: A's three hosts are busy, the fourth is not.
     others = [fleet.start_kernel(env={"KERNEL_GPUS": "1"}) for _ in range(3)]
+    moves = []
     for kernel_id in others:
         placed = replica_hosts(fleet, kernel_id)
         if free in placed:
             (missing,) = busy_hosts - set(placed)
             path = f"/api/fleet/kernels/{kernel_id}/replicas/{placed[free]}/migrate"
-            fleet.api("POST", path, {"host": missing})
-        assert set(replica_hosts(fleet, kernel_id)) == busy_hosts
+            moves.append((path, {"host": missing}))
+    with ThreadPoolExecutor(len(moves) or 1) as pool:  # the moves are independent
+        list(pool.map(lambda move: fleet.api("POST", *move), moves))
+    assert all(set(replica_hosts(fleet, kernel_id)) == busy_hosts for kernel_id in others)
     moved = 'kernelfleet_migrations_total{outcome="succeeded"}'
     migrations = metric(fleet, moved)
     clients = [await fleet.connect(kernel_id) for kernel_id in others]
