@@ -90,6 +90,8 @@ class KernelService:
         """Demand and busy GPUs over a moving window, for the subscription ratio."""
         self._draining: set[str] = set()
         """Hosts being emptied to be stopped: no new replica or cell goes there."""
+        self._given_up: set[str] = set()
+        """Replicas declared dead because their host went silent; stopped if it comes back."""
         self._arriving: Counter[str] = Counter()
         """Replicas being started, by host (not in the ledger yet)."""
         self.metrics = metrics or FleetMetrics()
@@ -340,6 +342,7 @@ class KernelService:
 
     def on_host_report(self, host: HostRecord, restarted: bool) -> None:
         """Apply a host's report. After an agent restart, replicas it does not list are dead."""
+        self._stop_given_up(host, restarted)
         vanished = self.ledger.set_host(host.id, device_ids_of(host.gpus))
         if vanished:
             log.error("host %s no longer reports GPU(s) %s", host.id, ", ".join(vanished))
@@ -367,7 +370,30 @@ class KernelService:
             for replica in kernel.replicas:
                 if replica.host_id == host.id and replica.state != "dead":
                     replica.state = "dead"
+                    self._given_up.add(replica.id)
                     self._replica_died(kernel, replica, f"host {host.id} stopped answering")
+
+    def _stop_given_up(self, host: HostRecord, restarted: bool) -> None:
+        """A host that was lost and came back may still run replicas given up for dead (they
+        were replaced, and their GPUs went back to the pool): stop them."""
+        if restarted:  # its replicas died with the agent
+            self._given_up -= {m.get("id") for m in host.replicas if isinstance(m, dict)}
+            return
+        for model in host.replicas:
+            replica_id = model.get("id") if isinstance(model, dict) else None
+            if replica_id in self._given_up and model.get("state") in ("starting", "ready"):
+                self._given_up.discard(replica_id)
+                log.warning("host %s still runs replica %s, given up for dead: stopping it",
+                            host.id, replica_id)  # fmt: skip
+                task = asyncio.ensure_future(self._stop_stray(host, replica_id))
+                self._repairs.add(task)
+                task.add_done_callback(self._repairs.discard)
+
+    async def _stop_stray(self, host: HostRecord, replica_id: str) -> None:
+        try:
+            await host.client.stop_replica(replica_id)
+        except FleetError as e:
+            log.error("could not stop replica %s on %s: %s", replica_id, host.id, e)
 
     # ---- internals -------------------------------------------------------------------------
 

@@ -312,3 +312,25 @@ async def test_a_gpu_vanishing_under_a_running_cell_is_over_committed_until_rele
         client_.close()
         fleet.api("DELETE", f"/api/kernels/{kernel}", expect=204)
     await asyncio.sleep(0)
+
+
+async def test_a_replica_given_up_for_dead_is_stopped_when_its_host_comes_back(plain):
+    """A host silent past the heartbeat timeout is lost and its replicas are declared dead
+    (their GPUs go back to the pool). If it comes back, those replicas must not keep running
+    on GPUs the ledger hands to others: the gateway stops them."""
+    fleet = plain
+    kernel_id = fleet.start_kernel(env={"KERNEL_GPUS": "1"})
+    ((host_id, _),) = replica_hosts(fleet, kernel_id).items()
+    (replica,) = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+    agent = fleet.hosts[host_id].pid
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        wait_for(lambda: hosts(fleet)[host_id]["state"] == "lost", 15, "the host to be lost")
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    wait_for(lambda: hosts(fleet)[host_id]["state"] == "alive", 10, "the host to come back")
+    assert fleet.api("GET", f"/api/kernels/{kernel_id}")["execution_state"] == "dead"
+    wait_for(lambda: not os.path.exists(f"/proc/{replica['pid']}"), 15, "the stray to stop")
+    assert f"still runs replica {replica['id']}, given up for dead" in fleet.log()
+    fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+    assert_consistent(fleet)
