@@ -200,6 +200,8 @@ class KernelLink:
         if feed is not None:
             feed.close()
         resent = self.cells.replica_lost(replica_id)
+        if self.feeds:
+            why += "; the kernel goes on with the state of its last completed cell"
         for client in list(self._clients):
             client.fail_pending(why, replica_id, keep=resent)
             client.close_replica(replica_id)
@@ -496,9 +498,7 @@ async def _verified_messages(
 
 
 def _lost_cell_reply(why: str) -> dict[str, Any]:
-    return _error_reply(
-        "ReplicaLost", f"{why}; the kernel goes on with the state of its last completed cell"
-    )
+    return _error_reply("ReplicaLost", why)
 
 
 def _error_reply(ename: str, evalue: str) -> dict[str, Any]:

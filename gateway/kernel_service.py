@@ -246,7 +246,10 @@ class KernelService:
                 else:
                     for index, replica in enumerate(list(kernel.replicas)):
                         kernel.replicas[index] = await self._restart_replica(kernel, replica)
-                    if [replica.connection for replica in kernel.replicas] != old_connections:
+                    unlinked = kernel.link is None or any(
+                        replica.id not in kernel.link.feeds for replica in kernel.replicas
+                    )  # its replica died and left the link
+                    if unlinked or [r.connection for r in kernel.replicas] != old_connections:
                         await self._link(kernel)
                     elif kernel.link is not None:
                         await kernel.link.nudge(self._launch_timeout)
