@@ -233,6 +233,12 @@ def report_text(outcome: ReplayResult, elapsed: float) -> str:
             "note: the gateway reported no committed GPU while cells ran "
             "(a gateway that does not bind GPUs per cell); use gpu_hours_committed_by_cells"
         )
+    if outcome.late_for_kernel:
+        lines.append(
+            f"note: {outcome.late_for_kernel} cell(s) were due before their kernel had started; "
+            "their start delays include the rest of its start-up (the simulator counts none): "
+            "raise --ReplayApp.kernel_start_allowance_s"
+        )
     if outcome.failures:
         lines.append(f"{len(outcome.failures)} event(s) failed; first: {outcome.failures[0]}")
     if outcome.failed_polls:

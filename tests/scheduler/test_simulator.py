@@ -66,6 +66,22 @@ def test_a_cell_waits_for_gpus_in_a_full_fixed_fleet() -> None:
     assert result.gpu_hours_committed == pytest.approx(35 / 60)
 
 
+def test_a_waiting_cell_keeps_the_gpus_it_could_use_from_younger_cells() -> None:
+    # 3 hosts x 2 GPUs, every kernel on all three. A (2 GPUs) runs on h1, B (2) on h2, C (1)
+    # on h3, from minute 0. D (2 GPUs, minute 1) fits nowhere and waits. E (1 GPU, minute 2)
+    # fits h3's free GPU, but D could run on h3, so as in the gateway E waits behind D: D
+    # starts when C ends (minute 5, 240 s late), E when A and B end (minute 10, 480 s late).
+    # Letting E go first would have made D wait until E ended (minute 6, 300 s late).
+    # A lead of 2 min admits every kernel while no GPU is busy (subscription ratio 7).
+    config = SimulationConfig(
+        hosts=3, gpus_per_host=2, max_hosts=3, session_lead_s=120, session_linger_s=0
+    )
+    workload = trace((2, 0, 10), (2, 0, 10), (1, 0, 5), (2, 1, 5), (1, 2, 4))
+    result = simulate(workload, [NotebookOSPolicy(config.autoscaling())], config)["notebookos"]
+    assert result.delays_s == [0.0, 0.0, 0.0, 240.0, 480.0]
+    assert result.end_s == 840  # E ends at minute 10 + 4
+
+
 def test_scale_out_delay_is_on_the_waiting_cells_path() -> None:
     # 1 host x 8 GPUs that may grow to 2: two 8-GPU sessions at minute 0. The second cell
     # finds no GPU and no other host: a scale-out, ready 60 s later, then it runs.
