@@ -162,6 +162,7 @@ class Replica:
         directory: Path,
         launch_timeout: float,
     ) -> None:
+        self.request = request
         self.id = request.replica_id
         self.kernel_id = request.kernel_id
         self.kernel_name = request.kernel_name
@@ -308,23 +309,18 @@ class ReplicaTable:
         )
         replica = Replica(request, km, directory, timeout)
         self._assign_ports(replica)
-        if request.raft:
-            raft_port = _free_ports(self.raft_ip, 1, avoid=self._ports_given)[0]
-            self._ports_given.add(raft_port)
-            replica.ports.append(raft_port)
-            replica.raft_address = f"{self.raft_ip}:{raft_port}"
         self._replicas[replica.id] = replica
         self._changed()
         async with replica.lock:
             try:
                 replica.open_log()
-                launch_args = {
-                    "env": self._kernel_env(request),
+                launch_args: dict[str, Any] = {
                     "cwd": str(self._kernel_cwd(request)),
                     "stdout": replica.log_file,
                     "stderr": replica.log_file,
                 }
                 for attempt in range(1, PORT_ATTEMPTS + 1):
+                    launch_args["env"] = self._kernel_env(replica)
                     try:
                         await self._launch(replica, timeout, lambda: km.start_kernel(**launch_args))
                         break
@@ -471,12 +467,15 @@ class ReplicaTable:
         from_env = parse_timeout(request.env.get("KERNEL_LAUNCH_TIMEOUT"), "KERNEL_LAUNCH_TIMEOUT")
         return from_env if from_env is not None else self.launch_timeout
 
-    def _kernel_env(self, request: ReplicaRequest) -> dict[str, str]:
+    def _kernel_env(self, replica: Replica) -> dict[str, str]:
+        request = replica.request
         env = {k: v for k, v in self.base_env.items() if k not in SCRUBBED_ENV}
         env.update(request.env)
         env["KERNELFLEET_KERNEL_ID"] = request.kernel_id
         env["KERNELFLEET_REPLICA_ID"] = request.replica_id
         env["KERNELFLEET_REPLICA_DIR"] = str(self.replicas_dir / request.replica_id)
+        if replica.raft_address:
+            env["KERNELFLEET_RAFT_ADDRESS"] = replica.raft_address
         return env
 
     def _kernel_cwd(self, request: ReplicaRequest) -> Path:
@@ -534,16 +533,23 @@ class ReplicaTable:
         raise KernelStartFailed(message)
 
     def _assign_ports(self, replica: Replica) -> None:
-        """Give the replica's kernel manager 5 ZMQ ports no other replica of this agent has.
+        """Give the replica's kernel manager 5 ZMQ ports, and a replicated one a Raft port,
+        that no other replica of this agent has.
 
-        Other agents on the same machine may still pick one in the moment before the kernel
-        binds it; `start` then retries with new ports."""
-        self._ports_given.difference_update(replica.ports[: len(ZMQ_PORTS)])
+        Another agent on the same machine may still pick one in the moment before the kernel
+        binds it (it binds its Raft port at start too, to hold it until it joins its group);
+        `start` then retries with new ports."""
+        self._ports_given.difference_update(replica.ports)
         ports = _free_ports(self.kernel_ip, len(ZMQ_PORTS), avoid=self._ports_given)
         for name, port in zip(ZMQ_PORTS, ports, strict=True):
             setattr(replica.km, name, port)
         self._ports_given.update(ports)
-        replica.ports[: len(ZMQ_PORTS)] = ports
+        replica.ports = ports
+        if replica.request.raft:
+            raft_port = _free_ports(self.raft_ip, 1, avoid=self._ports_given)[0]
+            self._ports_given.add(raft_port)
+            replica.ports.append(raft_port)
+            replica.raft_address = f"{self.raft_ip}:{raft_port}"
 
     async def _discard(self, replica: Replica) -> None:
         """Stop the replica's process (gracefully if it still runs, within about

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import socket
 import sys
 import time
 from collections import OrderedDict
@@ -72,6 +73,23 @@ class _Group:
     """The main thread's loop: the log's callbacks and calls belong there."""
 
 
+def hold_port(address: str) -> socket.socket | None:
+    """Bind ``host:port`` (no listening) so that no other process takes the port before this
+    replica's Raft log binds it, when it joins its group; None for no address. `OSError`
+    ("Address already in use") if it is taken: the host agent then relaunches the replica on
+    new ports."""
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    hold = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        hold.bind((host.strip("[]"), int(port)))
+    except OSError:
+        hold.close()
+        raise
+    return hold
+
+
 class ReplicatedKernel(IPythonKernel):
     implementation = "kernelfleet"
     implementation_version = __version__
@@ -94,6 +112,7 @@ class ReplicatedKernel(IPythonKernel):
         """(cell, attempt) -> the replica whose LEAD committed first: the cell's executor."""
         self.settled = asyncio.Event()
         self.settled.set()
+        self.raft_port_hold = hold_port(os.environ.get("KERNELFLEET_RAFT_ADDRESS", ""))
 
     @property
     def user_shell(self) -> Any:
@@ -192,6 +211,9 @@ class ReplicatedKernel(IPythonKernel):
         shell = self.user_shell
         tracker = NamespaceTracker(shell.user_ns, hidden=shell.user_ns_hidden)
         store = LocalDirectoryStore(content["store_root"])
+        if self.raft_port_hold is not None:  # let the log bind it
+            self.raft_port_hold.close()
+            self.raft_port_hold = None
         raft = KernelLog(
             content["address"],
             list(content["peers"]),

@@ -149,3 +149,47 @@ async def test_a_port_taken_before_the_kernel_binds_it_is_replaced(
     finally:
         await table.stop_all(grace=5)
         taken.close()
+
+
+async def test_a_raft_port_taken_before_the_replica_holds_it_is_replaced(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A replicated kernel binds its Raft port as it starts, to hold it until it joins its
+    group; another agent's replica that took the port first makes it fail at once with
+    EADDRINUSE, and it is launched again on fresh ports (a real ReplicatedKernel)."""
+    import socket
+
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from kernelfleet.kernels import replicas as module
+    from kernelfleet.kernels.agent import PACKAGED_KERNELSPECS
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    real, raft_ports = module._free_ports, []
+
+    def first_raft_port_taken(ip, count, avoid=frozenset()):
+        ports = real(ip, count, avoid)
+        if count == 1:  # the Raft port
+            ports = [port] if not raft_ports else ports
+            raft_ports.append(ports[0])
+        return ports
+
+    monkeypatch.setattr(module, "_free_ports", first_raft_port_taken)
+    specs = KernelSpecManager()
+    specs.kernel_dirs.append(str(PACKAGED_KERNELSPECS))
+    table = module.ReplicaTable(state_dir=tmp_path, kernel_spec_manager=specs, root_dir=tmp_path)
+    try:
+        request = ReplicaRequest("r", "k", "kernelfleet-python3", raft=True)
+        replica = await table.start(request)
+        assert replica.state is ReplicaState.READY
+        assert raft_ports[0] == port
+        assert len(raft_ports) == 2, "a fresh Raft port after the failed launch"
+        assert replica.raft_address == f"127.0.0.1:{raft_ports[1]}"
+        assert "Address already in use" in replica.log_path.read_text()
+        with socket.socket() as probe, pytest.raises(OSError, match="Address already in use"):
+            probe.bind(("127.0.0.1", raft_ports[1]))  # held for the replica
+    finally:
+        await table.stop_all(grace=5)
+        taken.close()
