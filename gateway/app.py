@@ -322,17 +322,26 @@ class GatewayApp(Application):
         self.hosts.close()
 
     def _host_provider(self) -> LocalProcessHostProvider:
-        """Local host agents with virtual GPUs, registering with this gateway."""
+        """Local host agents with virtual GPUs, registering with this gateway. From now on
+        policies are told the size of the hosts it can add, while below ``max_hosts``."""
         address = "127.0.0.1" if self.ip in ("", "0.0.0.0") else self.ip
         if ":" in address:
             address = "[::1]" if address == "::" else f"[{address}]"
-        return LocalProcessHostProvider(
+        provider = LocalProcessHostProvider(
             f"http://{address}:{self.port}",
             self.token,
             Path(self.state_dir, "autoscaled"),
             gpus_per_host=self.autoscale_gpus_per_host,
             max_hosts=self.max_hosts,
         )
+
+        def addable_host_size() -> int:
+            hosts = sum(host.alive for host in self.hosts.all()) + len(provider.pending())
+            room = not self.max_hosts or hosts < self.max_hosts
+            return provider.gpus_per_host if room else 0
+
+        self.kernels.addable_host_size = addable_host_size
+        return provider
 
     async def _autoscale(self, provider: LocalProcessHostProvider, stop: asyncio.Event) -> None:
         """Autoscaling rounds until `stop`, the first after one heartbeat timeout: by then the

@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,10 +54,21 @@ from kernelfleet.gateway.replication import (
     new_group_password,
 )
 from kernelfleet.gateway.store import KernelStore
-from kernelfleet.scheduler import FleetSnapshot, HostSnapshot, Placement, PlacementRequest, Policy
+from kernelfleet.scheduler import (
+    FleetSnapshot,
+    HostSnapshot,
+    Placement,
+    PlacementRequest,
+    Policy,
+    Queue,
+    Reject,
+)
 from kernelfleet.scheduler.usage import UsageWindow
 
 log = logging.getLogger("kernelfleet.gateway.kernels")
+
+ADMISSION_RECHECK = 0.5
+"""Seconds between asking the policy again for a kernel waiting to be placed."""
 
 
 class KernelService:
@@ -90,6 +102,10 @@ class KernelService:
         """Demand and busy GPUs over a moving window, for the subscription ratio."""
         self._draining: set[str] = set()
         """Hosts being emptied to be stopped: no new replica or cell goes there."""
+        self.addable_host_size: Callable[[], int] = lambda: 0
+        """GPUs of a host the autoscaler could add now; 0 when none can be (set by the app)."""
+        self._admitting: dict[str, int] = {}
+        """GPUs of kernels waiting for a host to be placed on, by kernel id."""
         self._given_up: set[str] = set()
         """Replicas declared dead because their host went silent; stopped if it comes back."""
         self._arriving: Counter[str] = Counter()
@@ -126,9 +142,10 @@ class KernelService:
                 hosts.append(HostSnapshot(id=host.id, gpus_total=len(host.gpus), alive=alive))
         return FleetSnapshot(
             hosts=tuple(hosts),
+            gpus_per_host=self.addable_host_size(),
             demand_gpus=self.usage.demand,
             busy_gpus=self.usage.busy,
-            gpus_waiting=self._chooser.waiting_gpus,
+            gpus_waiting=self._chooser.waiting_gpus + sum(self._admitting.values()),
         )
 
     def sample_usage(self) -> None:
@@ -152,7 +169,7 @@ class KernelService:
             replicas_wanted=replicas,
             gpus=gpu_need(env),
         )
-        placement = self._place(kernel)
+        placement = await self._admit(kernel)
         self._kernels[kernel.id] = kernel
         started = time.monotonic()
         try:
@@ -177,6 +194,31 @@ class KernelService:
             await self._stop_replicas(kernel)
             raise NoCapacity(f"kernel {kernel.id}: {e.message}") from e
         kernel.executor = kernel.replicas[0].id
+
+    async def _admit(self, kernel: KernelRecord) -> Placement:
+        """Where the policy places the kernel. While it asks for hosts the autoscaler can add
+        (or waits for capacity on a fleet that can grow), wait, up to the launch timeout,
+        with the kernel's GPUs counted as waiting demand; then `NoCapacity` saying why."""
+        request = PlacementRequest(kernel.id, replicas=kernel.replicas_wanted, gpus=kernel.gpus)
+        deadline = time.monotonic() + self._launch_timeout
+        try:
+            while True:
+                snapshot = self.snapshot()
+                decision = self._policy.admit(snapshot, request)
+                if isinstance(decision, Placement):
+                    return decision
+                if isinstance(decision, Reject) or snapshot.gpus_per_host <= 0:
+                    return self._policy.place(snapshot, request)  # raises NoCapacity: why
+                if time.monotonic() > deadline:
+                    why = decision.detail if isinstance(decision, Queue) else "hosts are missing"
+                    raise NoCapacity(
+                        f"kernel {kernel.id}: no host could take it within "
+                        f"{self._launch_timeout:.0f} s ({why})"
+                    )
+                self._admitting[kernel.id] = kernel.gpus
+                await asyncio.sleep(ADMISSION_RECHECK)
+        finally:
+            self._admitting.pop(kernel.id, None)
 
     def _place(self, kernel: KernelRecord) -> Placement:
         request = PlacementRequest(kernel.id, replicas=kernel.replicas_wanted, gpus=kernel.gpus)

@@ -409,15 +409,17 @@ class GpuLedger:
 
     def host_snapshot(self, host_id: str, alive: bool = True) -> HostSnapshot:
         """The host as policies see it: committed counts only devices the host still has, so
-        ``gpus_idle`` is never negative; replicas are the host's claims."""
+        ``gpus_idle`` is never negative; replicas are the host's claims, and subscribed GPUs
+        the sum of all of them, running or idle (as the simulator counts, and in the unit of
+        the cluster's demand GPUs)."""
         view = self.view(host_id)
-        replicas = sum(1 for claim in self._claims.values() if claim.host_id == host_id)
+        claims = [claim for claim in self._claims.values() if claim.host_id == host_id]
         return HostSnapshot(
             id=host_id,
             gpus_total=view.total,
-            gpus_subscribed=view.subscribed,
+            gpus_subscribed=sum(claim.gpus for claim in claims),
             gpus_committed=view.committed,
-            replicas=replicas,
+            replicas=len(claims),
             alive=alive,
         )
 

@@ -81,6 +81,12 @@ class NotebookOSPolicy(AutoscalingPolicy):
         if len(allowed) >= request.replicas:
             chosen = sorted(allowed, key=_load_order)[: request.replicas]
             return Placement(host_ids=tuple(host.id for host in chosen))
+        if snapshot.gpus_per_host <= 0 and len(fitting) >= request.replicas:
+            # No host will be added: the ratio, whose job is to ask for more hosts, cannot,
+            # so it does not bind; the least loaded hosts take the replicas (a kernelfleet
+            # addition: NotebookOS always autoscales).
+            chosen = sorted(fitting, key=_load_order)[: request.replicas]
+            return Placement(host_ids=tuple(host.id for host in chosen))
         missing = request.replicas - len(allowed) - snapshot.hosts_pending
         detail = (
             f"needs {request.replicas} host(s) with at least {request.gpus} GPU(s) each; "

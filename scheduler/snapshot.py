@@ -14,9 +14,10 @@ from functools import cached_property
 class HostSnapshot:
     """One host as a policy sees it. GPU counts are whole devices.
 
-    ``gpus_subscribed`` sums the GPU needs of the idle replicas on the host (claims, not
-    exclusive); ``gpus_committed`` counts GPUs bound to a running cell (or, for a reserving
-    policy, to a session).
+    ``gpus_subscribed`` sums the GPU needs of every replica on the host (claims, not
+    exclusive: a running cell's replica is counted here and in ``gpus_committed``);
+    ``gpus_committed`` counts GPUs bound to a running cell (or, for a reserving policy, to a
+    session).
     """
 
     id: str
@@ -60,7 +61,8 @@ class FleetSnapshot:
     ratio and a host's ratio are in the same unit) and of the GPUs committed to running cells;
     they give the cluster subscription ratio. ``hosts_pending`` counts hosts asked for but not
     yet up; ``gpus_waiting`` the GPUs of cells and sessions queued for capacity.
-    ``gpus_per_host`` is the size of a host the autoscaler would add (0: the largest alive host).
+    ``gpus_per_host`` is the size of a host the autoscaler would add; 0 when none will be added
+    (then sizes are those of the alive hosts).
     """
 
     hosts: tuple[HostSnapshot, ...]

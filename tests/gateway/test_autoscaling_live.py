@@ -94,3 +94,40 @@ async def test_a_host_is_added_under_demand_and_removed_when_idle(scaling_fleet)
     assert "drained" in fleet.log("gateway")
     for client in clients:
         client.close()
+
+
+@pytest.fixture
+def ratio_fleet(tmp_path):
+    """As above, with a 2 s ratio window: busy GPUs weigh at once."""
+    fleet = Fleet(state_dir=tmp_path, token=TOKEN, env={})
+    try:
+        fleet.start_gateway(
+            "--replicas", "2", "--autoscale", "--min-hosts", "2", "--max-hosts", "3",
+            "--GatewayApp.autoscale_interval=0.3", "--GatewayApp.autoscale_patience=2",
+            "--GatewayApp.autoscale_cooldown=0", "--GatewayApp.autoscale_buffer_hosts=0",
+            "--GatewayApp.autoscale_headroom=1.0", "--GatewayApp.autoscale_gpus_per_host=1",
+            "--GatewayApp.ratio_window=2", "--GatewayApp.usage_sample_interval=0.25",
+        )  # fmt: skip
+        for host_id in ("host-1", "host-2"):
+            fleet.start_host(host_id, 1)
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+async def test_a_kernel_over_the_subscription_ratio_waits_for_a_new_host(ratio_fleet):
+    fleet = ratio_fleet
+    kernels = [fleet.start_kernel(env={"KERNEL_GPUS": "1"}) for _ in range(2)]
+    clients = [await fleet.connect(kernel_id) for kernel_id in kernels]
+    busy = [c.send("execute_request", {"code": SLEEP}) for c in clients]
+    for client, msg_id in zip(clients, busy, strict=True):
+        await client.wait_for_output(msg_id, "gpus")
+    # Both GPUs busy, 4 GPUs subscribed: the cluster ratio is 2, and a third kernel would take
+    # both hosts to 3. The kernel waits for the host the autoscaler adds, then starts there.
+    wait_for(lambda: metric(fleet, "kernelfleet_subscription_ratio") == 2, 10, "the window to fill")
+    third = fleet.start_kernel(env={"KERNEL_GPUS": "1"})
+    assert "auto-1" in replica_hosts(fleet, third)
+    assert metric(fleet, "kernelfleet_scale_out_hosts_total") == 1
+    for client, msg_id in zip(clients, busy, strict=True):
+        assert (await client.collect(msg_id, timeout=30)).reply["status"] == "ok"
+        client.close()

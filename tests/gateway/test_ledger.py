@@ -44,7 +44,9 @@ def test_a_cell_commits_then_releases_and_idle_replicas_subscribe() -> None:
     commitment = ledger.commit("h1", "k", "r1", "cell-1", 1)
     assert commitment.device_ids == ("0",)
     assert commitment.displaced == ()
-    assert ledger.host_snapshot("h1") == HostSnapshot("h1", 2, 1, 1, replicas=2)
+    # policies count the running replica's claim too; the admin view only idle ones
+    assert ledger.host_snapshot("h1") == HostSnapshot("h1", 2, 2, 1, replicas=2)
+    assert ledger.view("h1").subscribed == 1
     assert ledger.totals().committed == 1
     assert ledger.totals().demand == 2
 
@@ -223,7 +225,7 @@ def test_view_to_dict_is_the_admin_model() -> None:
         "warm": {"0": {"kernel": "k", "replica": "r1"}},
     }
     assert ledger.snapshot(alive=lambda host_id: False) == (
-        HostSnapshot("h1", 2, 1, 1, replicas=2, alive=False),
+        HostSnapshot("h1", 2, 2, 1, replicas=2, alive=False),
     )
 
 

@@ -146,6 +146,7 @@ def test_fleet_metrics_are_all_exported_from_the_start() -> None:
         "kernelfleet_scale_out_hosts_total",
         "kernelfleet_scale_in_hosts_total",
         "kernelfleet_kernel_start_seconds",
+        "kernelfleet_ledger_breaches_total",
     }
     assert samples[("kernelfleet_committed_gpus", ())] == 2
     assert samples[("kernelfleet_migrations_total", (("outcome", "failed"),))] == 0

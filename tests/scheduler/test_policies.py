@@ -77,6 +77,17 @@ def test_notebookos_scales_out_when_too_few_hosts_accept() -> None:
     assert decision.reason is QueueReason.SUBSCRIPTION_FULL
 
 
+def test_notebookos_over_the_ratio_spreads_when_no_host_can_be_added() -> None:
+    # ratio 1 refuses a (16/8) and b (9/8); a fleet that cannot grow (gpus_per_host 0, no
+    # autoscaler) places anyway on the least loaded hosts instead of refusing forever.
+    hosts = (host("a", sub=16, rep=4), host("b", sub=5, rep=2), host("c", total=2))
+    request = PlacementRequest("k", replicas=2, gpus=4)
+    growing = fleet(*hosts, demand_gpus=8, busy_gpus=8)
+    assert NotebookOSPolicy().admit(growing, request) == ScaleOut(2)
+    fixed = FleetSnapshot(hosts=hosts, demand_gpus=8, busy_gpus=8)
+    assert NotebookOSPolicy().admit(fixed, request) == Placement(("b", "a"))  # c is too small
+
+
 def test_notebookos_rejects_a_cell_larger_than_any_host() -> None:
     decision = NotebookOSPolicy().choose_executor(fleet(host("a")), cell(9, ("a",)))
     assert isinstance(decision, Reject)
