@@ -24,7 +24,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import secrets
 import shutil
 import signal
@@ -48,6 +47,7 @@ from kernelfleet.testing import V1_PROTOCOL, Fleet, KernelWebsocket, start_fleet
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
+import machine  # noqa: E402
 from nodelay_connection import LOG_LINE as NODELAY_LOG_LINE  # noqa: E402
 
 CELL = "x = 1"
@@ -358,7 +358,7 @@ def summarize(
         }  # fmt: skip
     ratios = {pair: ratio(results[pair[0]], results[pair[2]]) for pair in PAIRS}
     return {
-        "machine": machine(),
+        "machine": machine.describe(),
         "parameters": {
             "cells": args.cells,
             "warmup": args.warmup,
@@ -381,24 +381,6 @@ def ratio(numerator: dict[str, Any], denominator: dict[str, Any]) -> dict[str, f
     for stat in ("p50", "p99", "mean"):
         figures[stat] = numerator["roundtrip_ms"][stat] / denominator["roundtrip_ms"][stat]
     return figures
-
-
-def machine() -> dict[str, Any]:
-    import ipykernel
-    import jupyter_server
-    import tornado
-
-    import kernelfleet
-
-    return {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "jupyter_server": jupyter_server.__version__,
-        "ipykernel": ipykernel.__version__,
-        "tornado": tornado.version,
-        "kernelfleet": kernelfleet.__version__,
-    }
 
 
 def render(report: dict[str, Any]) -> str:

@@ -33,7 +33,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import re
 import secrets
 import shutil
@@ -50,6 +49,9 @@ from typing import Any
 from jupyter_client.manager import AsyncKernelManager
 
 from kernelfleet.testing import Fleet, KernelWebsocket, start_fleet
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine
 
 WARMUP_CELL = "import time"
 CELL = "time.sleep({seconds})"
@@ -427,24 +429,6 @@ def queueing_model(scenarios: dict[str, Any], total_gpus: int) -> dict[str, Any]
     }
 
 
-def machine() -> dict[str, Any]:
-    import ipykernel
-    import jupyter_client
-    import tornado
-
-    import kernelfleet
-
-    return {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "ipykernel": ipykernel.__version__,
-        "jupyter_client": jupyter_client.__version__,
-        "tornado": tornado.version,
-        "kernelfleet": kernelfleet.__version__,
-    }
-
-
 def render(report: dict[str, Any]) -> str:
     """The human-readable table."""
     m, p = report["machine"], report["parameters"]
@@ -593,7 +577,7 @@ async def benchmark(root: Path, args: argparse.Namespace, fleets: list[Fleet]) -
         scenarios[name] = summarize(title, count, kernel_gpus or 0, result)
     local_p50 = scenarios["local"]["start_delay"]["p50_ms"]
     return {
-        "machine": machine(),
+        "machine": machine.describe(),
         "parameters": {
             "hosts": args.hosts,
             "gpus_per_host": args.gpus_per_host,
