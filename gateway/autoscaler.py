@@ -152,7 +152,7 @@ class Autoscaler:
                 skipped.append(("scale-out", f"{wanted - room} host(s) over max_hosts"))
             wanted = min(wanted, room)
         outcomes = await asyncio.gather(
-            *(self.provider.start_host() for _ in range(wanted)), return_exceptions=True
+            *(self._start_host() for _ in range(wanted)), return_exceptions=True
         )
         started = []
         for outcome in outcomes:
@@ -169,6 +169,13 @@ class Autoscaler:
             if self._metrics is not None:
                 self._metrics.hosts_added.inc(len(started))
         return AutoscaleRound(decision, started=tuple(started), skipped=tuple(skipped))
+
+    async def _start_host(self) -> str:
+        started = self._clock()
+        host_id = await self.provider.start_host()
+        if self._metrics is not None:
+            self._metrics.scale_out_time.observe(self._clock() - started)
+        return host_id
 
     async def _scale_in(self, snapshot: FleetSnapshot, decision: ScaleIn) -> AutoscaleRound:
         alive = len(snapshot.alive_hosts())

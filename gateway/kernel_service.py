@@ -700,6 +700,7 @@ class KernelService:
 
     async def _move(self, kernel: KernelRecord, old: ReplicaRecord, host_id: str | None) -> None:
         """Add-first: a new replica joins and catches up, the old one stops and leaves."""
+        started = time.monotonic()
         try:
             new = await self._replace(kernel, old, host_id, old_alive=True)
         except BaseException:
@@ -714,6 +715,7 @@ class KernelService:
         await self._forget(kernel, old)
         await self._stop_replicas_of(kernel, [old])
         await self._remove_member(kernel, old)
+        self.metrics.migration_time.observe(time.monotonic() - started)
         self.persist()
 
     def _check_migration_target(self, kernel: KernelRecord, host_id: str) -> None:

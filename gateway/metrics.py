@@ -274,6 +274,8 @@ class FleetMetrics:
     ``queued_cells`` when a cell starts or stops waiting; ``migrations`` per replica moved;
     ``hosts_added``/``hosts_removed`` per host the autoscaler started/stopped;
     ``kernel_start`` per kernel, from the create request to the kernel answering;
+    ``migration_time`` per replica moved, from asking to the new replica caught up and the old
+    one gone; ``scale_out_time`` per host the autoscaler started, until its agent listens;
     ``ledger_breaches`` per breach a checked `GpuLedger` finds.
     """
 
@@ -320,6 +322,16 @@ class FleetMetrics:
         self.kernel_start = r.histogram(
             "kernelfleet_kernel_start_seconds",
             "Time from a kernel-create request to the kernel answering.",
+            KERNEL_START_BUCKETS,
+        )
+        self.migration_time = r.histogram(
+            "kernelfleet_migration_seconds",
+            "Time to move a replica: the new one started and caught up, the old one stopped.",
+            KERNEL_START_BUCKETS,
+        )
+        self.scale_out_time = r.histogram(
+            "kernelfleet_scale_out_seconds",
+            "Time for the autoscaler to start a host, until its agent listens.",
             KERNEL_START_BUCKETS,
         )
 

@@ -86,6 +86,8 @@ async def test_a_host_is_added_under_demand_and_removed_when_idle(scaling_fleet)
     assert len(replica_hosts(fleet, kernels[2])) == 2
     assert metric(fleet, "kernelfleet_scale_in_hosts_total") == 1
     assert metric(fleet, 'kernelfleet_migrations_total{outcome="succeeded"}') == 2
+    assert metric(fleet, "kernelfleet_migration_seconds_count") == 2
+    assert metric(fleet, "kernelfleet_scale_out_seconds_count") == 1
     again = await clients[2].execute("print('still', state)")
     assert again.reply["status"] == "ok"
     assert "still kept" in again.stdout

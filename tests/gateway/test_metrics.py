@@ -147,6 +147,8 @@ def test_fleet_metrics_are_all_exported_from_the_start() -> None:
         "kernelfleet_scale_in_hosts_total",
         "kernelfleet_kernel_start_seconds",
         "kernelfleet_ledger_breaches_total",
+        "kernelfleet_migration_seconds",
+        "kernelfleet_scale_out_seconds",
     }
     assert samples[("kernelfleet_committed_gpus", ())] == 2
     assert samples[("kernelfleet_migrations_total", (("outcome", "failed"),))] == 0
