@@ -63,6 +63,7 @@ class GatewayApp(Application):
     hosts: HostRegistry
     kernels: KernelService
     kernelspecs: KernelSpecCatalog
+    autoscaler: Autoscaler | None = None
 
     ip = Unicode(
         "127.0.0.1", config=True, help="Address to listen on (loopback unless configured)."
@@ -271,6 +272,7 @@ class GatewayApp(Application):
             kernelspecs=self.kernelspecs,
             policy=self.policy,
             replicas=self.replicas,
+            autoscaling=lambda: None if self.autoscaler is None else self.autoscaler.model(),
             metrics=self.kernels.metrics.registry,
             websocket_max_message_size=1 << 30,
         )
@@ -335,12 +337,17 @@ class GatewayApp(Application):
             max_hosts=self.max_hosts,
         )
 
+        def hosts_pending() -> int:
+            alive = {host.id for host in self.hosts.all() if host.alive}
+            return sum(1 for host_id in provider.hosts() if host_id not in alive)
+
         def addable_host_size() -> int:
-            hosts = sum(host.alive for host in self.hosts.all()) + len(provider.pending())
+            hosts = sum(host.alive for host in self.hosts.all()) + hosts_pending()
             room = not self.max_hosts or hosts < self.max_hosts
             return provider.gpus_per_host if room else 0
 
         self.kernels.addable_host_size = addable_host_size
+        self.kernels.hosts_pending = hosts_pending
         return provider
 
     async def _autoscale(self, provider: LocalProcessHostProvider, stop: asyncio.Event) -> None:
@@ -349,7 +356,8 @@ class GatewayApp(Application):
         registered, and are not mistaken for missing ones."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), self.heartbeat_timeout)
-        await self._autoscaler(provider).run(self.autoscale_interval, stop)
+        self.autoscaler = self._autoscaler(provider)
+        await self.autoscaler.run(self.autoscale_interval, stop)
 
     def _autoscaler(self, provider: LocalProcessHostProvider) -> Autoscaler:
         autoscaling = self.autoscaling()

@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from kernelfleet.errors import FleetError
 from kernelfleet.gateway.host_provider import HostProvider
@@ -85,6 +86,8 @@ class Autoscaler:
         self._last_action: float | None = None
         self._streak: tuple[type, int] = (Hold, 0)
         self._stopped: set[str] = set()
+        self.last_round: AutoscaleRound | None = None
+        """The latest round that decided anything but `Hold`."""
 
     def snapshot(self) -> FleetSnapshot:
         """The caller's snapshot, completed with what only the autoscaler knows: hosts it is
@@ -105,8 +108,33 @@ class Autoscaler:
             gpus_per_host=snapshot.gpus_per_host or self.provider.gpus_per_host,
         )
 
+    def model(self) -> dict[str, Any]:
+        """What the admin API shows of the autoscaler: its limits, the hosts it runs, and its
+        latest round that decided anything but holding."""
+        last = self.last_round
+        return {
+            "min_hosts": self.min_hosts,
+            "max_hosts": self.max_hosts,
+            "gpus_per_host": self.provider.gpus_per_host,
+            "hosts_started": list(self.provider.hosts()),
+            "last_round": None
+            if last is None
+            else {
+                "decision": _describe(last.decision),
+                "started": list(last.started),
+                "stopped": list(last.stopped),
+                "skipped": [{"subject": subject, "why": why} for subject, why in last.skipped],
+            },
+        }
+
     async def run_once(self) -> AutoscaleRound:
         """One round: decide, then act if patience and cooldown allow."""
+        result = await self._round()
+        if not isinstance(result.decision, Hold):
+            self.last_round = result
+        return result
+
+    async def _round(self) -> AutoscaleRound:
         async with self._lock:
             snapshot = self.snapshot()
             decision = self.policy.autoscale(snapshot)
@@ -238,3 +266,11 @@ class Autoscaler:
         if self._forget is not None:
             self._forget(host_id)
         return ""
+
+
+def _describe(decision: AutoscaleDecision) -> str:
+    if isinstance(decision, ScaleOut):
+        return f"add {decision.hosts} host(s)"
+    if isinstance(decision, ScaleIn):
+        return f"remove {', '.join(decision.host_ids)}"
+    return "hold"

@@ -104,6 +104,8 @@ class KernelService:
         """Hosts being emptied to be stopped: no new replica or cell goes there."""
         self.addable_host_size: Callable[[], int] = lambda: 0
         """GPUs of a host the autoscaler could add now; 0 when none can be (set by the app)."""
+        self.hosts_pending: Callable[[], int] = lambda: 0
+        """Hosts being added that have not registered yet (set by the app)."""
         self._admitting: dict[str, int] = {}
         """GPUs of kernels waiting for a host to be placed on, by kernel id."""
         self._given_up: set[str] = set()
@@ -143,6 +145,7 @@ class KernelService:
         return FleetSnapshot(
             hosts=tuple(hosts),
             gpus_per_host=self.addable_host_size(),
+            hosts_pending=self.hosts_pending(),
             demand_gpus=self.usage.demand,
             busy_gpus=self.usage.busy,
             gpus_waiting=self._chooser.waiting_gpus + sum(self._admitting.values()),
@@ -207,7 +210,8 @@ class KernelService:
                 decision = self._policy.admit(snapshot, request)
                 if isinstance(decision, Placement):
                     return decision
-                if isinstance(decision, Reject) or snapshot.gpus_per_host <= 0:
+                grows = snapshot.gpus_per_host > 0 or snapshot.hosts_pending > 0
+                if isinstance(decision, Reject) or not grows:
                     return self._policy.place(snapshot, request)  # raises NoCapacity: why
                 if time.monotonic() > deadline:
                     why = decision.detail if isinstance(decision, Queue) else "hosts are missing"

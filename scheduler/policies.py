@@ -81,7 +81,8 @@ class NotebookOSPolicy(AutoscalingPolicy):
         if len(allowed) >= request.replicas:
             chosen = sorted(allowed, key=_load_order)[: request.replicas]
             return Placement(host_ids=tuple(host.id for host in chosen))
-        if snapshot.gpus_per_host <= 0 and len(fitting) >= request.replicas:
+        grows = snapshot.gpus_per_host > 0 or snapshot.hosts_pending > 0
+        if not grows and len(fitting) >= request.replicas:
             # No host will be added: the ratio, whose job is to ask for more hosts, cannot,
             # so it does not bind; the least loaded hosts take the replicas (a kernelfleet
             # addition: NotebookOS always autoscales).

@@ -43,7 +43,8 @@ def vanished_gpus(handler: GatewayHandler, host_id: str) -> dict[str, Any]:
 def fleet_model(handler: GatewayHandler) -> dict[str, Any]:
     """``GET /api/fleet``: what the gateway runs (its version, scheduling policy and replicas
     per replicated kernel) and a summary of the fleet. Host counts are by state; GPU counts sum
-    the ``alive`` hosts' (what ``GET /api/fleet/hosts`` lists per host)."""
+    the ``alive`` hosts' (what ``GET /api/fleet/hosts`` lists per host). ``autoscaling`` is the
+    autoscaler's `Autoscaler.model`, or None when it does not run (yet)."""
     hosts = list(host_models(handler).values())
     alive = [host for host in hosts if host["state"] == "alive"]
     return {
@@ -59,6 +60,7 @@ def fleet_model(handler: GatewayHandler) -> dict[str, Any]:
             for field in ("total", "subscribed", "committed")
         },
         "kernels": len(handler.kernels.all()),
+        "autoscaling": handler.settings.get("autoscaling", lambda: None)(),
     }
 
 

@@ -88,6 +88,11 @@ async def test_a_host_is_added_under_demand_and_removed_when_idle(scaling_fleet)
     assert metric(fleet, 'kernelfleet_migrations_total{outcome="succeeded"}') == 2
     assert metric(fleet, "kernelfleet_migration_seconds_count") == 2
     assert metric(fleet, "kernelfleet_scale_out_seconds_count") == 1
+    autoscaling = fleet.api("GET", "/api/fleet")["autoscaling"]
+    assert (autoscaling["min_hosts"], autoscaling["max_hosts"]) == (2, 3)
+    assert autoscaling["hosts_started"] == []
+    assert autoscaling["last_round"]["stopped"] == ["auto-1"]
+    assert autoscaling["last_round"]["decision"] == "remove auto-1"
     again = await clients[2].execute("print('still', state)")
     assert again.reply["status"] == "ok"
     assert "still kept" in again.stdout

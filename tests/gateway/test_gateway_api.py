@@ -129,7 +129,7 @@ def test_admin_api_shows_hosts_and_kernel_replicas(fleet):
         fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 
-FLEET_FIELDS = {"version", "policy", "replicas", "hosts", "gpus", "kernels"}
+FLEET_FIELDS = {"version", "policy", "replicas", "hosts", "gpus", "kernels", "autoscaling"}
 
 
 def test_fleet_summary_names_the_policy_and_counts_the_fleet(fleet):
@@ -171,4 +171,5 @@ def test_fleet_summary_reports_the_configured_policy(tmp_path):
         "hosts": {"alive": 0, "lost": 0},
         "gpus": {"total": 0, "subscribed": 0, "committed": 0},
         "kernels": 0,
+        "autoscaling": None,
     }

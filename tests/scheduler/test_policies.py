@@ -86,6 +86,9 @@ def test_notebookos_over_the_ratio_spreads_when_no_host_can_be_added() -> None:
     assert NotebookOSPolicy().admit(growing, request) == ScaleOut(2)
     fixed = FleetSnapshot(hosts=hosts, demand_gpus=8, busy_gpus=8)
     assert NotebookOSPolicy().admit(fixed, request) == Placement(("b", "a"))  # c is too small
+    # a host on its way (the last the limit allows) is waited for, not overridden
+    arriving = FleetSnapshot(hosts=hosts, demand_gpus=8, busy_gpus=8, hosts_pending=1)
+    assert isinstance(NotebookOSPolicy().admit(arriving, request), Queue)
 
 
 def test_notebookos_rejects_a_cell_larger_than_any_host() -> None:
