@@ -25,13 +25,11 @@ import json
 import math
 import os
 import secrets
-import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -47,7 +45,7 @@ from kernelfleet.testing import V1_PROTOCOL, Fleet, KernelWebsocket, start_fleet
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
-import machine  # noqa: E402
+import harness  # noqa: E402
 from nodelay_connection import LOG_LINE as NODELAY_LOG_LINE  # noqa: E402
 
 CELL = "x = 1"
@@ -358,7 +356,7 @@ def summarize(
         }  # fmt: skip
     ratios = {pair: ratio(results[pair[0]], results[pair[2]]) for pair in PAIRS}
     return {
-        "machine": machine.describe(),
+        "machine": harness.describe_machine(),
         "parameters": {
             "cells": args.cells,
             "warmup": args.warmup,
@@ -418,7 +416,7 @@ def render(report: dict[str, Any]) -> str:
 
 
 def progress(message: str) -> None:
-    print(f"[cell_roundtrip] {message}", file=sys.stderr, flush=True)
+    harness.progress("cell_roundtrip", message)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -483,21 +481,7 @@ def run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up on SIGTERM as on Ctrl-C
-    root = Path(tempfile.mkdtemp(prefix="kernelfleet-bench-"))
-    try:
-        report = run(root, args)
-    finally:
-        if args.keep:
-            progress(f"work folder kept: {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-    print(render(report))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        progress(f"wrote {args.json}")
-    return 0
+    return harness.run_benchmark("cell_roundtrip", parse_args(argv), run, render)
 
 
 if __name__ == "__main__":

@@ -30,17 +30,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
 import os
 import re
 import secrets
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,7 +47,7 @@ from jupyter_client.manager import AsyncKernelManager
 from kernelfleet.testing import Fleet, KernelWebsocket, start_fleet
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import machine
+import harness
 
 WARMUP_CELL = "import time"
 CELL = "time.sleep({seconds})"
@@ -502,7 +498,7 @@ def _fmt(ms: float | None) -> str:
 
 
 def progress(message: str) -> None:
-    print(f"[start_delay] {message}", file=sys.stderr, flush=True)
+    harness.progress("start_delay", message)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -577,7 +573,7 @@ async def benchmark(root: Path, args: argparse.Namespace, fleets: list[Fleet]) -
         scenarios[name] = summarize(title, count, kernel_gpus or 0, result)
     local_p50 = scenarios["local"]["start_delay"]["p50_ms"]
     return {
-        "machine": machine.describe(),
+        "machine": harness.describe_machine(),
         "parameters": {
             "hosts": args.hosts,
             "gpus_per_host": args.gpus_per_host,
@@ -611,21 +607,7 @@ def run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up on SIGTERM as on Ctrl-C
-    root = Path(tempfile.mkdtemp(prefix="kernelfleet-start-delay-"))
-    try:
-        report = run(root, args)
-    finally:
-        if args.keep:
-            progress(f"work folder kept: {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-    print(render(report))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        progress(f"wrote {args.json}")
-    return 0
+    return harness.run_benchmark("start_delay", parse_args(argv), run, render)
 
 
 if __name__ == "__main__":
