@@ -12,6 +12,7 @@ kernel keeps its state.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import pytest
 
@@ -22,22 +23,30 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 SLEEP = "import os, time\nprint('gpus', os.environ['KERNELFLEET_GPUS'], flush=True)\ntime.sleep(10)"
 
 
-@pytest.fixture
-def scaling_fleet(tmp_path):
+AUTOSCALING = (
+    "--replicas", "2", "--autoscale", "--min-hosts", "2", "--max-hosts", "3",
+    "--GatewayApp.autoscale_interval=0.3", "--GatewayApp.autoscale_patience=2",
+    "--GatewayApp.autoscale_cooldown=0", "--GatewayApp.autoscale_buffer_hosts=0",
+    "--GatewayApp.autoscale_headroom=1.0", "--GatewayApp.autoscale_gpus_per_host=1",
+    "--GatewayApp.check_ledger=True",
+)  # fmt: skip
+
+
+def autoscaling_fleet(tmp_path, *gateway_args: str) -> Iterator[Fleet]:
+    """A gateway that autoscales between 2 and 3 hosts of 1 GPU, and 2 hand-started hosts."""
     fleet = Fleet(state_dir=tmp_path, token=TOKEN, env={})
     try:
-        fleet.start_gateway(
-            "--replicas", "2", "--autoscale", "--min-hosts", "2", "--max-hosts", "3",
-            "--GatewayApp.autoscale_interval=0.3", "--GatewayApp.autoscale_patience=2",
-            "--GatewayApp.autoscale_cooldown=0", "--GatewayApp.autoscale_buffer_hosts=0",
-            "--GatewayApp.autoscale_headroom=1.0", "--GatewayApp.autoscale_gpus_per_host=1",
-            "--GatewayApp.check_ledger=True",
-        )  # fmt: skip
+        fleet.start_gateway(*AUTOSCALING, *gateway_args)
         for host_id in ("host-1", "host-2"):
             fleet.start_host(host_id, 1)
         yield fleet
     finally:
         fleet.stop()
+
+
+@pytest.fixture
+def scaling_fleet(tmp_path):
+    yield from autoscaling_fleet(tmp_path)
 
 
 def hosts(fleet: Fleet) -> dict[str, dict]:
@@ -105,21 +114,10 @@ async def test_a_host_is_added_under_demand_and_removed_when_idle(scaling_fleet)
 
 @pytest.fixture
 def ratio_fleet(tmp_path):
-    """As above, with a 2 s ratio window: busy GPUs weigh at once."""
-    fleet = Fleet(state_dir=tmp_path, token=TOKEN, env={})
-    try:
-        fleet.start_gateway(
-            "--replicas", "2", "--autoscale", "--min-hosts", "2", "--max-hosts", "3",
-            "--GatewayApp.autoscale_interval=0.3", "--GatewayApp.autoscale_patience=2",
-            "--GatewayApp.autoscale_cooldown=0", "--GatewayApp.autoscale_buffer_hosts=0",
-            "--GatewayApp.autoscale_headroom=1.0", "--GatewayApp.autoscale_gpus_per_host=1",
-            "--GatewayApp.ratio_window=2", "--GatewayApp.usage_sample_interval=0.25",
-        )  # fmt: skip
-        for host_id in ("host-1", "host-2"):
-            fleet.start_host(host_id, 1)
-        yield fleet
-    finally:
-        fleet.stop()
+    """With a 2 s ratio window: busy GPUs weigh at once."""
+    yield from autoscaling_fleet(
+        tmp_path, "--GatewayApp.ratio_window=2", "--GatewayApp.usage_sample_interval=0.25"
+    )
 
 
 async def test_a_kernel_over_the_subscription_ratio_waits_for_a_new_host(ratio_fleet):
@@ -138,3 +136,4 @@ async def test_a_kernel_over_the_subscription_ratio_waits_for_a_new_host(ratio_f
     for client, msg_id in zip(clients, busy, strict=True):
         assert (await client.collect(msg_id, timeout=30)).reply["status"] == "ok"
         client.close()
+    assert metric(fleet, "kernelfleet_ledger_breaches_total") == 0
