@@ -62,8 +62,10 @@ class _Waiter:
 
     cell: Cell
     gpus: int
-    hosts: frozenset[str]
-    turn: asyncio.Future[None]
+    hosts: frozenset[str] = frozenset()
+    turn: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
     since: float = field(default_factory=time.monotonic)
 
 
@@ -128,29 +130,11 @@ class ExecutorChooser:
                 )
                 if isinstance(decision, Reject):
                     raise NoCapacity(f"this cell {decision.reason.value} ({decision.detail})")
-                if isinstance(decision, RunOn) and self.per_session:
+                if isinstance(decision, RunOn):
                     replica = next(r for r in replicas if r.host_id == decision.host_id)
-                    held = self._ledger.binding(kernel.id, replica.id)
-                    if held is not None:  # the kernel's own GPUs: nothing to commit or release
-                        return Assignment(replica.id, held.device_ids)
-                if isinstance(decision, RunOn) and not self._held_for_elders(
-                    decision.host_id, gpus, waiter
-                ):
-                    replica = next(r for r in replicas if r.host_id == decision.host_id)
-                    commitment = self._bind(kernel, replica, cell, gpus)
-                    if commitment is not None:
-                        if waiter is not None:
-                            self._stop_waiting(waiter)
-                            waited = time.monotonic() - waiter.since
-                            cell.say(f"kernelfleet: waited {waited:.1f} s for {_gpus(gpus)}")
-                        await self._displace(commitment)
-                        if self.per_session:
-                            return Assignment(replica.id, commitment.device_ids)
-                        return Assignment(
-                            replica.id,
-                            commitment.device_ids,
-                            lambda: self.release(kernel.id, cell.id),
-                        )
+                    assignment = await self._run_on(kernel, replica, cell, gpus, waiter)
+                    if assignment is not None:
+                        return assignment
                 elif isinstance(decision, Migrate) and kernel.replicated:
                     source = next(r for r in replicas if r.host_id == decision.from_host)
                     cell.say(
@@ -158,27 +142,61 @@ class ExecutorChooser:
                     )
                     await self._kernels.move_replica(kernel, source, decision.to_host)
                     continue
-                hosts = frozenset(r.host_id for r in replicas)
-                if waiter is None:
-                    waiter = _Waiter(cell, gpus, hosts, asyncio.get_running_loop().create_future())
-                    self._waiting.append(waiter)
-                    self._metrics.queued_cells.set(len(self._waiting))
-                waiter.hosts = hosts
-                ahead = self._waiting.index(waiter)
                 why = (
                     "hosts being added" if isinstance(decision, ScaleOut) else "GPUs to be released"
                 )
-                cell.say(
-                    f"kernelfleet: waiting for {_gpus(gpus)} ({why}) — "
-                    f"{ahead} cell{'s' if ahead != 1 else ''} ahead of you"
-                )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waiter.turn, RECHECK_INTERVAL)
-                waiter.turn = asyncio.get_running_loop().create_future()
+                if waiter is None:  # registered here, so that `finally` sees it if cancelled
+                    waiter = _Waiter(cell, gpus)
+                    self._waiting.append(waiter)
+                    self._metrics.queued_cells.set(len(self._waiting))
+                waiter.hosts = frozenset(r.host_id for r in replicas)
+                await self._wait_turn(waiter, why)
         finally:
             if waiter is not None and waiter in self._waiting:
                 self._stop_waiting(waiter)
                 self.capacity_changed()  # younger cells it held back may go now
+
+    async def _run_on(
+        self,
+        kernel: KernelRecord,
+        replica: ReplicaRecord,
+        cell: Cell,
+        gpus: int,
+        waiter: _Waiter | None,
+    ) -> Assignment | None:
+        """The cell's GPUs on `replica`'s host: the kernel's own under a per-session policy,
+        else committed now; None if they are taken, or kept for an older waiting cell."""
+        if self.per_session:
+            held = self._ledger.binding(kernel.id, replica.id)
+            if held is not None:  # nothing to commit or release
+                return Assignment(replica.id, held.device_ids)
+        if self._held_for_elders(replica.host_id, gpus, waiter):
+            return None
+        commitment = self._bind(kernel, replica, cell, gpus)
+        if commitment is None:
+            return None
+        if waiter is not None:
+            self._stop_waiting(waiter)
+            waited = time.monotonic() - waiter.since
+            cell.say(f"kernelfleet: waited {waited:.1f} s for {_gpus(gpus)}")
+        await self._displace(commitment)
+        if self.per_session:  # held until the kernel goes
+            return Assignment(replica.id, commitment.device_ids)
+        return Assignment(
+            replica.id, commitment.device_ids, lambda: self.release(kernel.id, cell.id)
+        )
+
+    async def _wait_turn(self, waiter: _Waiter, why: str) -> None:
+        """Tell the user why the cell waits and how many cells are ahead, then wait until GPUs
+        are released or hosts change (or `RECHECK_INTERVAL` passed)."""
+        ahead = self._waiting.index(waiter)
+        waiter.cell.say(
+            f"kernelfleet: waiting for {_gpus(waiter.gpus)} ({why}) — "
+            f"{ahead} cell{'s' if ahead != 1 else ''} ahead of you"
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(waiter.turn, RECHECK_INTERVAL)
+        waiter.turn = asyncio.get_running_loop().create_future()
 
     def release(self, kernel_id: str, cell_id: str) -> None:
         """The cell ended: its devices are free (its replica's memory may stay, warm)."""

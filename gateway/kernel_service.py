@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
@@ -96,7 +96,7 @@ class KernelService:
         self._store = store
         self._kernels: dict[str, KernelRecord] = {}
         self._context = zmq.asyncio.Context()
-        self._repairs: set[asyncio.Future[None]] = set()
+        self._background: set[asyncio.Future[None]] = set()
         self._status_session = Session(username="kernelfleet")
         self.usage = usage or UsageWindow(1)
         """Demand and busy GPUs over a moving window, for the subscription ratio."""
@@ -434,9 +434,13 @@ class KernelService:
                 self._given_up.discard(replica_id)
                 log.warning("host %s still runs replica %s, given up for dead: stopping it",
                             host.id, replica_id)  # fmt: skip
-                task = asyncio.ensure_future(self._stop_stray(host, replica_id))
-                self._repairs.add(task)
-                task.add_done_callback(self._repairs.discard)
+                self._in_background(self._stop_stray(host, replica_id))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` on its own, keeping a reference until it ends (repairs, clean-ups)."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _stop_stray(self, host: HostRecord, replica_id: str) -> None:
         try:
@@ -596,9 +600,7 @@ class KernelService:
                 kernel.link.remove_replica(replica.id, f"the kernel's last replica died: {why}")
             self._announce(kernel, "dead")
         elif kernel.replicated:
-            task = asyncio.ensure_future(self._repair(kernel, replica))
-            self._repairs.add(task)
-            task.add_done_callback(self._repairs.discard)
+            self._in_background(self._repair(kernel, replica))
 
     async def _repair(self, kernel: KernelRecord, lost: ReplicaRecord) -> None:
         """Fail over if `lost` ran the kernel, then replace it so the group has its size back."""
