@@ -301,10 +301,10 @@ class GatewayApp(Application):
         watcher = asyncio.create_task(self._watch_hosts(stop))
         sampler = asyncio.create_task(self._sample_usage(stop))
         recovery = asyncio.create_task(self.kernels.recover(grace=self.heartbeat_timeout))
-        provider = self._host_provider() if self.autoscale else None
         scaling = None
-        if provider is not None:
-            scaling = asyncio.create_task(self._autoscale(provider, stop))
+        if self.autoscale:
+            self.autoscaler = self._autoscaler(self._host_provider())
+            scaling = asyncio.create_task(self._autoscale(self.autoscaler, stop))
         await stop.wait()
         log.info("gateway stopping")
         server.stop()
@@ -319,17 +319,16 @@ class GatewayApp(Application):
             await self.kernels.shutdown_all()
         else:
             self.kernels.close()
-        if provider is not None:
-            await provider.close()
+        if self.autoscaler is not None:
+            await self.autoscaler.provider.close()
         self.hosts.close()
 
     def _host_provider(self) -> LocalProcessHostProvider:
-        """Local host agents with virtual GPUs, registering with this gateway. From now on
-        policies are told the size of the hosts it can add, while below ``max_hosts``."""
+        """Local host agents with virtual GPUs, registering with this gateway."""
         address = "127.0.0.1" if self.ip in ("", "0.0.0.0") else self.ip
         if ":" in address:
             address = "[::1]" if address == "::" else f"[{address}]"
-        provider = LocalProcessHostProvider(
+        return LocalProcessHostProvider(
             f"http://{address}:{self.port}",
             self.token,
             Path(self.state_dir, "autoscaled"),
@@ -337,29 +336,9 @@ class GatewayApp(Application):
             max_hosts=self.max_hosts,
         )
 
-        def hosts_pending() -> int:
-            alive = {host.id for host in self.hosts.all() if host.alive}
-            return sum(1 for host_id in provider.hosts() if host_id not in alive)
-
-        def addable_host_size() -> int:
-            hosts = sum(host.alive for host in self.hosts.all()) + hosts_pending()
-            room = not self.max_hosts or hosts < self.max_hosts
-            return provider.gpus_per_host if room else 0
-
-        self.kernels.addable_host_size = addable_host_size
-        self.kernels.hosts_pending = hosts_pending
-        return provider
-
-    async def _autoscale(self, provider: LocalProcessHostProvider, stop: asyncio.Event) -> None:
-        """Autoscaling rounds until `stop`, the first after one heartbeat timeout: by then the
-        hosts already running (started beside the gateway, or left by a previous one) have
-        registered, and are not mistaken for missing ones."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), self.heartbeat_timeout)
-        self.autoscaler = self._autoscaler(provider)
-        await self.autoscaler.run(self.autoscale_interval, stop)
-
     def _autoscaler(self, provider: LocalProcessHostProvider) -> Autoscaler:
+        """The autoscaler over `provider`; from now on policies are told the hosts it is
+        adding and the size of those it can add."""
         autoscaling = self.autoscaling()
         log.info(
             "autoscaling between %d and %s hosts, adding hosts of %d GPU(s)",
@@ -367,7 +346,7 @@ class GatewayApp(Application):
             autoscaling.max_hosts or "any number of",
             provider.gpus_per_host,
         )
-        return Autoscaler(
+        autoscaler = Autoscaler(
             self.kernels.snapshot,
             self.kernels.policy,
             provider,
@@ -379,6 +358,23 @@ class GatewayApp(Application):
             metrics=self.kernels.metrics,
             forget=self.hosts.forget,
         )
+
+        def alive() -> set[str]:
+            return {host.id for host in self.hosts.all() if host.alive}
+
+        self.kernels.hosts_pending = lambda: autoscaler.pending(alive())
+        self.kernels.addable_host_size = lambda: autoscaler.addable_host_size(
+            len(alive()) + autoscaler.pending(alive())
+        )
+        return autoscaler
+
+    async def _autoscale(self, autoscaler: Autoscaler, stop: asyncio.Event) -> None:
+        """Autoscaling rounds until `stop`, the first after one heartbeat timeout: by then the
+        hosts already running (started beside the gateway, or left by a previous one) have
+        registered, and are not mistaken for missing ones."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), self.heartbeat_timeout)
+        await autoscaler.run(self.autoscale_interval, stop)
 
     async def _watch_hosts(self, stop: asyncio.Event) -> None:
         interval = max(0.2, self.heartbeat_timeout / 5)

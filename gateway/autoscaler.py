@@ -96,7 +96,7 @@ class Autoscaler:
         shown = {host.id for host in snapshot.hosts}
         self._stopped &= shown  # forgotten by the gateway: nothing left to hide
         alive = {host.id for host in snapshot.hosts if host.alive and host.id not in self._stopped}
-        pending = sum(1 for host_id in self.provider.hosts() if host_id not in alive)
+        pending = self.pending(alive)
         hosts = tuple(
             dataclasses.replace(host, alive=False) if host.id in self._stopped else host
             for host in snapshot.hosts
@@ -126,6 +126,16 @@ class Autoscaler:
                 "skipped": [{"subject": subject, "why": why} for subject, why in last.skipped],
             },
         }
+
+    def pending(self, alive: set[str]) -> int:
+        """Hosts the provider started that are not among the `alive` ones yet."""
+        return sum(1 for host_id in self.provider.hosts() if host_id not in alive)
+
+    def addable_host_size(self, hosts: int) -> int:
+        """GPUs of a host it could add to a fleet of `hosts` (alive and pending); 0 at
+        ``max_hosts``."""
+        room = not self.max_hosts or hosts < self.max_hosts
+        return self.provider.gpus_per_host if room else 0
 
     async def run_once(self) -> AutoscaleRound:
         """One round: decide, then act if patience and cooldown allow."""

@@ -221,3 +221,15 @@ def test_limits_are_checked() -> None:
         autoscaler(fleet, provider, min_hosts=3, max_hosts=2)
     with pytest.raises(ValueError, match="patience"):
         autoscaler(fleet, provider, patience=0)
+
+
+async def test_it_tells_policies_the_hosts_on_their_way_and_whether_more_can_come() -> None:
+    fleet = FakeFleet({"h1": (0, 0)})
+    provider = FakeProvider(gpus_per_host=4)
+    scaler = autoscaler(fleet, provider, max_hosts=3)
+    await provider.start_host()  # started, not registered yet
+    assert scaler.pending({"h1"}) == 1
+    assert scaler.pending({"h1", "auto-1"}) == 0
+    assert scaler.addable_host_size(2) == 4
+    assert scaler.addable_host_size(3) == 0, "at max_hosts nothing more can be added"
+    assert autoscaler(fleet, provider).addable_host_size(99) == 4, "no limit"
