@@ -98,6 +98,7 @@ class UpApp(Application):
             signal.signal(signum, lambda *_: stopping.append(True))
         self.url = f"http://{self.ip}:{self.port}"
         self.logs = Path(self.state_dir, "logs")
+        self.labels: dict[subprocess.Popen, str] = {}
         self.logs.mkdir(parents=True, exist_ok=True)
         self.gateway = self._spawn(
             "gateway",
@@ -153,7 +154,7 @@ class UpApp(Application):
 
     def _spawn(self, label: str, args: list[str]) -> subprocess.Popen:
         process = spawn_kernelfleet(args, self.logs / f"{label}.log", self.token)
-        process.label = label
+        self.labels[process] = label
         return process
 
     def _wait_until_up(self, stopping: list[bool]) -> None:
@@ -181,7 +182,7 @@ class UpApp(Application):
     def _check_children(self) -> None:
         for process in [self.gateway, *self.agents]:
             if process.poll() is not None:
-                self._fail(f"{process.label} exited with code {process.returncode}")  # type: ignore[attr-defined]
+                self._fail(f"{self.labels[process]} exited with code {process.returncode}")
 
     def _fail(self, why: str) -> None:
         print(f"kernelfleet up: {why}; logs in {self.logs}/", file=sys.stderr)

@@ -37,11 +37,10 @@ from traitlets import (
 from traitlets.config import Application, catch_config_error
 
 from kernelfleet import __version__
-
-from .gpus import INVENTORY_KINDS, GpuInventory, GpuUnavailable, make_inventory
-from .handlers import handlers
-from .heartbeat import GatewayHeartbeat
-from .replicas import ID_PATTERN, ReplicaTable
+from kernelfleet.kernels.gpus import INVENTORY_KINDS, GpuInventory, GpuUnavailable, make_inventory
+from kernelfleet.kernels.handlers import handlers
+from kernelfleet.kernels.heartbeat import GatewayHeartbeat
+from kernelfleet.kernels.replicas import ID_PATTERN, ReplicaTable
 
 PACKAGED_KERNELSPECS = Path(__file__).resolve().parent / "kernelspecs"
 

@@ -19,9 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kernelfleet.kernels.replicas import ReplicaRequest, ReplicaTable, parse_timeout
 from kernelfleet.web import ApiHandler, NotFoundHandler
-
-from .replicas import ReplicaRequest, ReplicaTable, parse_timeout
 
 _ID = r"(?P<replica_id>[^/]+)"
 

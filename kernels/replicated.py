@@ -48,12 +48,11 @@ from ipykernel.ipkernel import IPythonKernel
 from ipykernel.kernelapp import IPKernelApp
 
 from kernelfleet import __version__
+from kernelfleet.kernels.gpu_binding import GpuBinder, MoveReport
+from kernelfleet.kernels.objectstore import LocalDirectoryStore, ObjectStore
+from kernelfleet.kernels.statesync import NamespaceTracker, apply, encode
+from kernelfleet.kernels.statesync_delta import ApplyFailed, EncodedDelta
 from kernelfleet.raft import KernelLog, NotCommitted, Proposal, Role, StateDelta
-
-from .gpu_binding import GpuBinder, MoveReport
-from .objectstore import LocalDirectoryStore, ObjectStore
-from .statesync import NamespaceTracker, apply, encode
-from .statesync_delta import ApplyFailed, EncodedDelta
 
 PUBLISH_DEADLINE = 30.0  # seconds to get a cell's delta committed (leader changes included)
 LEAD_DEADLINE = 5.0  # seconds to commit the LEAD proposal before refusing the cell

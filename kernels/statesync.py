@@ -61,8 +61,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .objectstore import ObjectStore, ObjectStoreError
-from .statesync_delta import (
+from kernelfleet.kernels.objectstore import ObjectStore, ObjectStoreError
+from kernelfleet.kernels.statesync_delta import (
     FORMAT_VERSION,
     GROUP_SEPARATOR,
     ApplyFailed,
@@ -71,7 +71,13 @@ from .statesync_delta import (
     StateSyncError,
     label_names,
 )
-from .statesync_pickling import Frame, Namespace, load_from_store, loads_frame, serialize
+from kernelfleet.kernels.statesync_pickling import (
+    Frame,
+    Namespace,
+    load_from_store,
+    loads_frame,
+    serialize,
+)
 
 __all__ = [
     "FORMAT_VERSION",

@@ -50,7 +50,7 @@ from typing import Any, BinaryIO
 import cloudpickle
 from cloudpickle import cloudpickle as _cp
 
-from .objectstore import CHUNK_BYTES, HASH_NAME, ObjectCorrupt, ObjectStore
+from kernelfleet.kernels.objectstore import CHUNK_BYTES, HASH_NAME, ObjectCorrupt, ObjectStore
 
 MAGIC = b"KFS1"
 PROTOCOL = 5

@@ -5,9 +5,17 @@
 - `log`: `KernelLog`, a replica's Raft node with an asyncio API.
 """
 
-from .config import LogConfig
-from .election import Decision, Failed, FailureReason, Undecided, Winner, decide, first_vote
-from .entries import (
+from kernelfleet.raft.config import LogConfig
+from kernelfleet.raft.election import (
+    Decision,
+    Failed,
+    FailureReason,
+    Undecided,
+    Winner,
+    decide,
+    first_vote,
+)
+from kernelfleet.raft.entries import (
     MAX_ENTRY_BYTES,
     Completion,
     CompletionStatus,
@@ -22,7 +30,7 @@ from .entries import (
     decode,
     encode,
 )
-from .errors import (
+from kernelfleet.raft.errors import (
     BindFailed,
     EntryFormatError,
     EntryTooLarge,
@@ -33,7 +41,7 @@ from .errors import (
     NotReady,
     RaftError,
 )
-from .log import KernelLog
+from kernelfleet.raft.log import KernelLog
 
 __all__ = [
     "MAX_ENTRY_BYTES",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pysyncobj import SyncObjConf
 
-from .entries import MAX_ENTRY_BYTES
+from kernelfleet.raft.entries import MAX_ENTRY_BYTES
 
 JOURNAL_FILE = "raft.journal"
 DUMP_FILE = "raft.dump"

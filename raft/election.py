@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from .entries import Entry, Proposal, Role, Vote
+from kernelfleet.raft.entries import Entry, Proposal, Role, Vote
 
 
 class FailureReason(enum.StrEnum):

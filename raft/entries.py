@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
-from .errors import EntryFormatError, EntryTooLarge, InvalidEntry
+from kernelfleet.raft.errors import EntryFormatError, EntryTooLarge, InvalidEntry
 
 MAX_ENTRY_BYTES = 256 * 1024
 """Default limit on one entry's serialized size."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-from ..errors import FleetError, InvalidRequest
+from kernelfleet.errors import FleetError, InvalidRequest
 
 
 class FailReason(enum.IntEnum):

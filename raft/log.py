@@ -40,9 +40,9 @@ from typing import Any
 from pysyncobj import SyncObj, SyncObjConsumer, replicated
 from pysyncobj.syncobj import SyncObjException
 
-from .config import LogConfig
-from .entries import Entry, UnknownEntry, Wire, decode_or_unknown, encode
-from .errors import BindFailed, FailReason, LogClosed, NotCommitted, NotReady
+from kernelfleet.raft.config import LogConfig
+from kernelfleet.raft.entries import Entry, UnknownEntry, Wire, decode_or_unknown, encode
+from kernelfleet.raft.errors import BindFailed, FailReason, LogClosed, NotCommitted, NotReady
 
 logger = logging.getLogger("kernelfleet.raft.log")
 
