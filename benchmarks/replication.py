@@ -30,7 +30,7 @@ from typing import Any
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
-from kernelfleet.kernels.agent import PACKAGED_KERNELSPECS
+from kernelfleet.kernels.agent.app import PACKAGED_KERNELSPECS
 
 
 def free_address() -> str:

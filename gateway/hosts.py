@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelfleet.errors import InvalidRequest, NotFound
-from kernelfleet.kernels.client import HostAgentClient
+from kernelfleet.kernels.agent.client import HostAgentClient
 
 log = logging.getLogger("kernelfleet.gateway.hosts")
 

@@ -28,7 +28,7 @@ class KernelfleetApp(Application):
             "Replay a trace against a live gateway, as a population of notebook users.",
         ),
         "host": (
-            "kernelfleet.kernels.agent.HostAgentApp",
+            "kernelfleet.kernels.agent.app.HostAgentApp",
             "Start a host agent: GPU inventory and kernel launcher for one machine.",
         ),
     }

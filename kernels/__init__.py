@@ -1,7 +1,11 @@
-"""What runs on a GPU host: the host agent, its GPU inventory and its replica launcher.
+"""What runs on a GPU host, split by the process it runs in.
 
-- ``kernelfleet.kernels.gpus``: the GPUs this host offers (NVML, or virtual ones).
-- ``kernelfleet.kernels.replicas``: the replica table (local ipykernel processes).
-- ``kernelfleet.kernels.agent``: ``HostAgentApp``, the ``kernelfleet host`` process.
-- ``kernelfleet.kernels.client``: ``HostAgentClient``, how the gateway calls a host agent.
+- ``kernelfleet.kernels.agent``: the host agent process (``kernelfleet host``): its GPU inventory,
+  replica launcher, HTTP API and heartbeat, and ``HostAgentClient``, how the gateway calls it.
+- ``kernelfleet.kernels.replica``: the code inside each replica process: ``ReplicatedKernel``,
+  GPU binding around a cell, and state sync between replicas.
+- ``kernelfleet.kernels.objectstore``: the content-addressed store both the replicas and the
+  gateway reach.
+
+The host agent never imports the replica package, and the replica never imports the agent.
 """

@@ -16,7 +16,7 @@ from kernelfleet.errors import (
     NotFound,
 )
 from kernelfleet.gateway.ledger import Binding, GpuLedger, device_ids_of
-from kernelfleet.kernels.gpus import VirtualInventory
+from kernelfleet.kernels.agent.gpus import VirtualInventory
 from kernelfleet.scheduler import HostSnapshot
 
 

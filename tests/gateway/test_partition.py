@@ -197,13 +197,13 @@ def partitioned(tmp_path) -> Iterator[Partitioned]:
 # ---- talking to one replica directly (its own ZMQ channels, reached over the control bridge) --
 
 DIGEST = (
-    "print(__import__('kernelfleet.kernels.statesync', fromlist=['namespace_digest'])"
+    "print(__import__('kernelfleet.kernels.replica.statesync', fromlist=['namespace_digest'])"
     ".namespace_digest(get_ipython().user_ns, get_ipython().kernel.group.tracker))"
 )
 
 
 async def _connection(fleet: Fleet, replica: dict) -> dict:
-    from kernelfleet.kernels.client import HostAgentClient
+    from kernelfleet.kernels.agent.client import HostAgentClient
 
     hosts = {host["id"]: host["address"] for host in fleet.api("GET", "/api/fleet/hosts")}
     agent = HostAgentClient(hosts[replica["host"]], fleet.token)

@@ -101,7 +101,7 @@ CELLS = [
     "del big",
 ]
 DIGEST = (
-    "print(__import__('kernelfleet.kernels.statesync', fromlist=['namespace_digest'])"
+    "print(__import__('kernelfleet.kernels.replica.statesync', fromlist=['namespace_digest'])"
     ".namespace_digest(get_ipython().user_ns, get_ipython().kernel.group.tracker))"
 )
 
@@ -120,7 +120,7 @@ async def replica_digest(fleet, replica):
     """Ask one replica directly (its own ZMQ channels, connection info from its host agent)."""
     from jupyter_client.asynchronous import AsyncKernelClient
 
-    from kernelfleet.kernels.client import HostAgentClient
+    from kernelfleet.kernels.agent.client import HostAgentClient
 
     hosts = {host["id"]: host["address"] for host in fleet.api("GET", "/api/fleet/hosts")}
     agent = HostAgentClient(hosts[replica["host"]], fleet.token)
@@ -276,7 +276,7 @@ async def replica_status(fleet, replica):
 
     from kernelfleet.gateway.channels import ConnectionInfo
     from kernelfleet.gateway.replication import ask
-    from kernelfleet.kernels.client import HostAgentClient
+    from kernelfleet.kernels.agent.client import HostAgentClient
 
     hosts = {host["id"]: host["address"] for host in fleet.api("GET", "/api/fleet/hosts")}
     agent = HostAgentClient(hosts[replica["host"]], fleet.token)

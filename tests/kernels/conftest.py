@@ -28,7 +28,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 import kernelfleet
-from kernelfleet.kernels.client import HostAgentClient
+from kernelfleet.kernels.agent.client import HostAgentClient
 
 TOKEN = "host-agent-test-token-0123456789"
 _LISTENING = re.compile(r"listening on (http://\S+) with")

@@ -410,7 +410,7 @@ async def test_tokens_and_unknown_paths(host_agent: StartAgent) -> None:
     with pytest.raises(NotFound):
         await agent.client.interrupt_replica("missing")
 
-    from kernelfleet.kernels.client import HostAgentClient
+    from kernelfleet.kernels.agent.client import HostAgentClient
 
     wrong = HostAgentClient(agent.address, "wrong")
     try:

@@ -19,7 +19,7 @@ from kernelfleet.errors import (
     KernelStartFailed,
     NotFound,
 )
-from kernelfleet.kernels.client import HostAgentClient
+from kernelfleet.kernels.agent.client import HostAgentClient
 
 from .conftest import free_port
 

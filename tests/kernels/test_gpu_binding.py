@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kernelfleet.kernels.gpu_binding import ENV_VAR, GpuBinder, MoveReport
+from kernelfleet.kernels.replica.gpu_binding import ENV_VAR, GpuBinder, MoveReport
 
 # ---- a fake torch: enough of the API for the walk, the moves and the CUDA calls -----------------
 

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from kernelfleet.kernels.gpus import (
+from kernelfleet.kernels.agent.gpus import (
     GpuDevice,
     GpuUnavailable,
     NvmlInventory,

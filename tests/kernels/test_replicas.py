@@ -8,8 +8,8 @@ import pytest
 from traitlets import TraitError
 
 from kernelfleet.errors import InvalidRequest
-from kernelfleet.kernels.agent import load_or_create_host_id
-from kernelfleet.kernels.replicas import (
+from kernelfleet.kernels.agent.app import load_or_create_host_id
+from kernelfleet.kernels.agent.replicas import (
     IllegalTransition,
     Replica,
     ReplicaRequest,
@@ -162,7 +162,7 @@ async def test_a_raft_port_taken_before_the_replica_holds_it_is_replaced(
     from jupyter_client.kernelspec import KernelSpecManager
 
     from kernelfleet.kernels import replicas as module
-    from kernelfleet.kernels.agent import PACKAGED_KERNELSPECS
+    from kernelfleet.kernels.agent.app import PACKAGED_KERNELSPECS
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kernelfleet.kernels.objectstore import LocalDirectoryStore, ObjectStore
-from kernelfleet.kernels.statesync import (
+from kernelfleet.kernels.replica.statesync import (
     ApplyReport,
     EncodedDelta,
     NamespaceTracker,

@@ -58,7 +58,7 @@ def executor(size_mb: int, root: str) -> dict[str, Any]:
     import numpy as np
 
     from kernelfleet.kernels.objectstore import LocalDirectoryStore
-    from kernelfleet.kernels.statesync import NamespaceTracker, encode
+    from kernelfleet.kernels.replica.statesync import NamespaceTracker, encode
 
     store = LocalDirectoryStore(root)
     namespace: dict[str, Any] = {"__name__": "__main__"}
@@ -86,7 +86,7 @@ def executor(size_mb: int, root: str) -> dict[str, Any]:
 
 def follower(entry: dict[str, Any], root: str) -> dict[str, Any]:
     from kernelfleet.kernels.objectstore import LocalDirectoryStore
-    from kernelfleet.kernels.statesync import EncodedDelta, apply
+    from kernelfleet.kernels.replica.statesync import EncodedDelta, apply
 
     store = LocalDirectoryStore(root)
     namespace: dict[str, Any] = {"__name__": "__main__"}

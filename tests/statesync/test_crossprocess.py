@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelfleet.kernels.objectstore import LocalDirectoryStore
-from kernelfleet.kernels.statesync import EncodedDelta, apply, namespace_digest
+from kernelfleet.kernels.replica.statesync import EncodedDelta, apply, namespace_digest
 
 from .conftest import Cluster
 
@@ -56,7 +56,7 @@ counter()
 FOLLOWER = """
 import json, pickle, sys
 from kernelfleet.kernels.objectstore import LocalDirectoryStore
-from kernelfleet.kernels.statesync import (
+from kernelfleet.kernels.replica.statesync import (
     EncodedDelta, NamespaceTracker, apply, encode, namespace_digest,
 )
 

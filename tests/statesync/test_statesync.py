@@ -12,7 +12,7 @@ import pytest
 
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.kernels.objectstore import LocalDirectoryStore
-from kernelfleet.kernels.statesync import (
+from kernelfleet.kernels.replica.statesync import (
     INLINE_BUDGET,
     INLINE_LIMIT,
     ApplyFailed,
@@ -22,7 +22,7 @@ from kernelfleet.kernels.statesync import (
     encode,
     namespace_digest,
 )
-from kernelfleet.kernels.statesync_pickling import serialize
+from kernelfleet.kernels.replica.statesync_pickling import serialize
 
 from .conftest import Cluster
 

@@ -1,11 +1,11 @@
 """``kernelfleet host``: the host agent, one per GPU host.
 
 It owns the host's GPU inventory and its kernel replicas, serves the host agent API
-(``kernelfleet.kernels.handlers``) and registers/heartbeats with the gateway
-(``kernelfleet.kernels.heartbeat``). SIGTERM or SIGINT stops the heartbeat, shuts every replica
-down within ``shutdown_timeout`` seconds (killing stragglers) and exits 0. If the agent is killed
-outright, its kernels still exit: jupyter_client passes ``JPY_PARENT_PID`` and ipykernel quits
-when that parent goes away.
+(``kernelfleet.kernels.agent.handlers``) and registers/heartbeats with the gateway
+(``kernelfleet.kernels.agent.heartbeat``). SIGTERM or SIGINT stops the heartbeat, shuts every
+replica down within ``shutdown_timeout`` seconds (killing stragglers) and exits 0. If the agent
+is killed outright, its kernels still exit: jupyter_client passes ``JPY_PARENT_PID`` and
+ipykernel quits when that parent goes away.
 """
 
 from __future__ import annotations
@@ -37,10 +37,15 @@ from traitlets import (
 from traitlets.config import Application, catch_config_error
 
 from kernelfleet import __version__
-from kernelfleet.kernels.gpus import INVENTORY_KINDS, GpuInventory, GpuUnavailable, make_inventory
-from kernelfleet.kernels.handlers import handlers
-from kernelfleet.kernels.heartbeat import GatewayHeartbeat
-from kernelfleet.kernels.replicas import ID_PATTERN, ReplicaTable
+from kernelfleet.kernels.agent.gpus import (
+    INVENTORY_KINDS,
+    GpuInventory,
+    GpuUnavailable,
+    make_inventory,
+)
+from kernelfleet.kernels.agent.handlers import handlers
+from kernelfleet.kernels.agent.heartbeat import GatewayHeartbeat
+from kernelfleet.kernels.agent.replicas import ID_PATTERN, ReplicaTable
 
 PACKAGED_KERNELSPECS = Path(__file__).resolve().parent / "kernelspecs"
 

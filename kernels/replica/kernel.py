@@ -28,7 +28,7 @@ joining:
 - it applies every other replica's `StateDelta` in log order and takes its execution count, so
   whichever replica runs the next cell holds the state of every committed cell.
 
-Run as ``python -m kernelfleet.kernels.replicated -f CONNECTION_FILE``.
+Run as ``python -m kernelfleet.kernels.replica.kernel -f CONNECTION_FILE``.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ from ipykernel.ipkernel import IPythonKernel
 from ipykernel.kernelapp import IPKernelApp
 
 from kernelfleet import __version__
-from kernelfleet.kernels.gpu_binding import GpuBinder, MoveReport
 from kernelfleet.kernels.objectstore import LocalDirectoryStore, ObjectStore
-from kernelfleet.kernels.statesync import NamespaceTracker, apply, encode
-from kernelfleet.kernels.statesync_delta import ApplyFailed, EncodedDelta
+from kernelfleet.kernels.replica.gpu_binding import GpuBinder, MoveReport
+from kernelfleet.kernels.replica.statesync import NamespaceTracker, apply, encode
+from kernelfleet.kernels.replica.statesync_delta import ApplyFailed, EncodedDelta
 from kernelfleet.raft import KernelLog, NotCommitted, Proposal, Role, StateDelta
 
 PUBLISH_DEADLINE = 30.0  # seconds to get a cell's delta committed (leader changes included)

@@ -28,7 +28,7 @@ on the CPU, contiguous, with ``requires_grad`` kept. Views sharing storage becom
 Open files do not pickle (cloudpickle would read the whole file into the pickle and hand the
 follower a StringIO); neither do locks, sockets, generators: the caller reports those.
 
-Callers: `kernelfleet.kernels.statesync` only, on the thread that runs state sync, while no
+Callers: `kernelfleet.kernels.replica.statesync` only, on the thread that runs state sync, while no
 cell mutates the namespace (a frame holds live views of the values' memory).
 """
 
@@ -119,7 +119,7 @@ def user_namespace() -> Namespace:
     """Placeholder resolved by `NamespaceUnpickler`; a plain unpickler cannot resolve it."""
     raise pickle.UnpicklingError(
         "this pickle holds notebook functions bound to a user namespace; "
-        "load it with kernelfleet.kernels.statesync_pickling.loads_frame"
+        "load it with kernelfleet.kernels.replica.statesync_pickling.loads_frame"
     )
 
 

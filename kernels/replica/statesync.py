@@ -26,7 +26,8 @@ What syncs, and how:
   the namespace at kernel start (``hidden``: IPython's ``user_ns_hidden``) while still bound to
   the same object.
 - Modules sync as imports by name (``np -> "numpy"``); the follower imports them.
-- Every other value syncs as a cloudpickle frame (see `kernelfleet.kernels.statesync_pickling`):
+- Every other value syncs as a cloudpickle frame (see
+  `kernelfleet.kernels.replica.statesync_pickling`):
   notebook functions and classes by value, bound to the follower's namespace; arrays and
   tensors with their memory out of band. Open files, locks, generators... are "problems".
 - Names whose values share a mutable object (``opt`` holds ``net``'s parameters; ``b = a``)
@@ -62,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kernelfleet.kernels.objectstore import ObjectStore, ObjectStoreError
-from kernelfleet.kernels.statesync_delta import (
+from kernelfleet.kernels.replica.statesync_delta import (
     FORMAT_VERSION,
     GROUP_SEPARATOR,
     ApplyFailed,
@@ -71,7 +72,7 @@ from kernelfleet.kernels.statesync_delta import (
     StateSyncError,
     label_names,
 )
-from kernelfleet.kernels.statesync_pickling import (
+from kernelfleet.kernels.replica.statesync_pickling import (
     Frame,
     Namespace,
     load_from_store,
@@ -132,10 +133,10 @@ class Delta:
     """What changed in a namespace since the last committed sync (executor side, not plain data).
 
     `changed`: label -> frame to send (a label is a name, or names that share objects joined
-    by ``,``; see `kernelfleet.kernels.statesync_delta`). Frames view live memory: encode the
-    delta before the namespace changes again. `problems` are names newly found unpicklable
-    (each reported once); `definitions` lists the sent names that are notebook functions or
-    classes (for logs).
+    by ``,``; see `kernelfleet.kernels.replica.statesync_delta`). Frames view live memory:
+    encode the delta before the namespace changes again. `problems` are names newly found
+    unpicklable (each reported once); `definitions` lists the sent names that are notebook
+    functions or classes (for logs).
     """
 
     changed: dict[str, Frame] = field(default_factory=dict)

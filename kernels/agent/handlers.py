@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kernelfleet.kernels.replicas import ReplicaRequest, ReplicaTable, parse_timeout
+from kernelfleet.kernels.agent.replicas import ReplicaRequest, ReplicaTable, parse_timeout
 from kernelfleet.web import ApiHandler, NotFoundHandler
 
 _ID = r"(?P<replica_id>[^/]+)"

@@ -1,0 +1,112 @@
+"""What may import what: the rules docs/architecture.md states, checked on the source.
+
+Every ``import kernelfleet.X`` (at module level or inside a function) of every module is read
+with `ast`; a package may import only itself and the packages `ALLOWED` names for it. The most
+specific package prefix wins, so ``kernelfleet.kernels.agent`` has rules of its own.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import kernelfleet
+
+PACKAGE_ROOT = Path(kernelfleet.__file__).resolve().parent
+REPO_ROOT = PACKAGE_ROOT.parent
+
+# package -> the kernelfleet packages it may import besides itself.
+SHARED = ("kernelfleet.errors", "kernelfleet.protocol")
+ALLOWED: dict[str, tuple[str, ...]] = {
+    # the pure layers: no process, no I/O of their own
+    "kernelfleet.errors": (),
+    "kernelfleet.protocol": (),
+    "kernelfleet.raft": SHARED,
+    "kernelfleet.scheduler": SHARED,
+    # the processes
+    "kernelfleet.gateway": (
+        *SHARED,
+        "kernelfleet.web",
+        "kernelfleet.scheduler",
+        "kernelfleet.raft",
+        "kernelfleet.kernels.agent.client",
+        "kernelfleet.kernels.objectstore",
+    ),
+    "kernelfleet.kernels.agent": (*SHARED, "kernelfleet.web"),
+    "kernelfleet.kernels.replica": (*SHARED, "kernelfleet.raft", "kernelfleet.kernels.objectstore"),
+    "kernelfleet.kernels.objectstore": SHARED,
+    "kernelfleet.extension": (*SHARED, "kernelfleet.client"),
+    # what runs inside a notebook
+    "kernelfleet.tools": (*SHARED, "kernelfleet.client"),
+    # clients and glue
+    "kernelfleet.web": SHARED,
+    "kernelfleet.replay": (*SHARED, "kernelfleet.scheduler"),
+    "kernelfleet.cli": (),
+    "kernelfleet.__main__": ("kernelfleet.cli",),
+    "kernelfleet.kernels": (),  # the package's own __init__: a docstring
+    "kernelfleet.testing": ("kernelfleet",),  # the pytest plugin drives every process
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    if parts[0] != "kernelfleet":
+        parts = ("kernelfleet", *parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def source_files() -> list[Path]:
+    """Every module, read from its real folder (kernelfleet/<pkg> links to ./<pkg>)."""
+    files = list(PACKAGE_ROOT.glob("*.py")) + list((PACKAGE_ROOT / "replay").rglob("*.py"))
+    for package in ("gateway", "kernels", "raft", "scheduler", "extension", "tools"):
+        files += (REPO_ROOT / package).rglob("*.py")
+    return sorted(files)
+
+
+def rule_for(module: str) -> tuple[str, tuple[str, ...]]:
+    if module == "kernelfleet":
+        return module, ()
+    owners = [p for p in ALLOWED if module == p or module.startswith(p + ".")]
+    assert owners, f"{module} belongs to no package in ALLOWED: add it, and to the docs"
+    owner = max(owners, key=len)
+    return owner, ALLOWED[owner]
+
+
+def kernelfleet_imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.startswith("kernelfleet"):
+                names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.startswith("kernelfleet"))
+    return names
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+@pytest.mark.parametrize("path", source_files(), ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_a_module_imports_only_what_its_package_may(path: Path) -> None:
+    owner, allowed = rule_for(module_name(path))
+    wrong = sorted(
+        name
+        for name in kernelfleet_imports(path)
+        if name != "kernelfleet"  # __version__
+        and not within(name, owner)
+        and not any(within(name, a) or a == "kernelfleet" for a in allowed)
+    )
+    assert not wrong, f"{owner} may not import {wrong} (docs/architecture.md)"
+
+
+def test_the_rules_catch_a_forbidden_import(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    from kernelfleet.tools import checkpoint\n")
+    assert kernelfleet_imports(planted) == {"kernelfleet.tools"}
+    _, allowed = rule_for("kernelfleet.gateway.app")
+    assert not any(within("kernelfleet.tools", a) for a in allowed)
