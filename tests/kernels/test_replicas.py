@@ -121,7 +121,7 @@ async def test_a_port_taken_before_the_kernel_binds_it_is_replaced(
 
     from jupyter_client.kernelspec import KernelSpecManager
 
-    from kernelfleet.kernels import replicas as module
+    from kernelfleet.kernels.agent import replicas as module
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
@@ -161,7 +161,7 @@ async def test_a_raft_port_taken_before_the_replica_holds_it_is_replaced(
 
     from jupyter_client.kernelspec import KernelSpecManager
 
-    from kernelfleet.kernels import replicas as module
+    from kernelfleet.kernels.agent import replicas as module
     from kernelfleet.kernels.agent.app import PACKAGED_KERNELSPECS
 
     taken = socket.socket()
