@@ -1,9 +1,11 @@
 """The kernelfleet Jupyter server extension.
 
 Stock ``jupyter lab --gateway-url=...`` works without it. Installed (``pip install kernelfleet``
-enables it through ``jupyter_server_config.d``), it mends two things in jupyter_server's gateway
-websocket relay: binary frames (messages with buffers) are passed on as binary instead of being
-decoded as text, and Nagle's algorithm is switched off on both legs of the relay.
+enables it through ``jupyter_server_config.d``), it mends three things in jupyter_server's
+gateway websocket relay: JupyterLab's ``v1.kernel.websocket.jupyter.org`` framing is spoken end to
+end (stock gateway mode refuses it, so each connection fails once and reconnects), binary frames
+(messages with buffers) are passed on as binary instead of being decoded as text, and Nagle's
+algorithm is switched off on both legs of the relay.
 """
 
 from __future__ import annotations

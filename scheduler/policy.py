@@ -74,9 +74,10 @@ class Policy(abc.ABC):
     """A scheduling policy. Subclasses are registered under the ``kernelfleet.policies`` group.
 
     Every method is a pure function of its arguments: no I/O, no clock, no hidden state that
-    changes between calls. The gateway calls `place` when a kernel is created or restarted on
-    lost hosts; the simulator calls `admit` at each simulated session start, `choose_executor`
-    at each cell and `autoscale` every autoscaling round. The class attributes tell the caller
+    changes between calls. The gateway and the simulator both call `admit` when a kernel starts
+    (the gateway then calls `place` for the reason when it gives up waiting), `place` alone to
+    re-place a restarted kernel or a lost replica, `choose_executor` at each cell and
+    `autoscale` every autoscaling round. The class attributes tell the caller
     how to execute the decisions: how many replicas a kernel has, when GPUs are bound, and
     whether state sync sits on a cell's critical path.
     """
