@@ -76,9 +76,9 @@ class Policy(abc.ABC):
     Every method is a pure function of its arguments: no I/O, no clock, no hidden state that
     changes between calls. The gateway and the simulator both call `admit` when a kernel starts
     (the gateway then calls `place` for the reason when it gives up waiting), `place` alone to
-    re-place a restarted kernel or a lost replica, `choose_executor` at each cell and
-    `autoscale` every autoscaling round. The class attributes tell the caller
-    how to execute the decisions: how many replicas a kernel has, when GPUs are bound, and
+    re-place a restarted kernel, a lost replica or one that moves, `choose_executor` at each
+    cell and `autoscale` every autoscaling round. The class attributes tell the caller how to
+    execute the decisions: how many replicas a kernel has, when GPUs are bound, and
     whether state sync sits on a cell's critical path.
     """
 
