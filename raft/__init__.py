@@ -1,20 +1,10 @@
 """Replication over pysyncobj: a typed replicated log per kernel.
 
 - `entries`: the small, plain-data entry types and their wire form (size-limited).
-- `election`: NotebookOS executor election as pure functions.
 - `log`: `KernelLog`, a replica's Raft node with an asyncio API.
 """
 
 from kernelfleet.raft.config import LogConfig
-from kernelfleet.raft.election import (
-    Decision,
-    Failed,
-    FailureReason,
-    Undecided,
-    Winner,
-    decide,
-    first_vote,
-)
 from kernelfleet.raft.entries import (
     MAX_ENTRY_BYTES,
     Completion,
@@ -48,13 +38,10 @@ __all__ = [
     "BindFailed",
     "Completion",
     "CompletionStatus",
-    "Decision",
     "Entry",
     "EntryFormatError",
     "EntryTooLarge",
     "FailReason",
-    "Failed",
-    "FailureReason",
     "InvalidEntry",
     "KernelLog",
     "LogClosed",
@@ -67,12 +54,8 @@ __all__ = [
     "RaftError",
     "Role",
     "StateDelta",
-    "Undecided",
     "UnknownEntry",
     "Vote",
-    "Winner",
-    "decide",
     "decode",
     "encode",
-    "first_vote",
 ]
