@@ -7,16 +7,11 @@
 from kernelfleet.raft.config import LogConfig
 from kernelfleet.raft.entries import (
     MAX_ENTRY_BYTES,
-    Completion,
-    CompletionStatus,
     Entry,
-    MembershipChange,
-    MembershipNote,
     Proposal,
     Role,
     StateDelta,
     UnknownEntry,
-    Vote,
     decode,
     encode,
 )
@@ -36,8 +31,6 @@ from kernelfleet.raft.log import KernelLog
 __all__ = [
     "MAX_ENTRY_BYTES",
     "BindFailed",
-    "Completion",
-    "CompletionStatus",
     "Entry",
     "EntryFormatError",
     "EntryTooLarge",
@@ -46,8 +39,6 @@ __all__ = [
     "KernelLog",
     "LogClosed",
     "LogConfig",
-    "MembershipChange",
-    "MembershipNote",
     "NotCommitted",
     "NotReady",
     "Proposal",
@@ -55,7 +46,6 @@ __all__ = [
     "Role",
     "StateDelta",
     "UnknownEntry",
-    "Vote",
     "decode",
     "encode",
 ]
