@@ -2,50 +2,14 @@
 
 - `entries`: the small, plain-data entry types and their wire form (size-limited).
 - `log`: `KernelLog`, a replica's Raft node with an asyncio API.
+- `config`, `errors`: its tunables and its domain errors.
+
+This package exports what the replica (``kernels.replica.kernel``) uses; everything else is
+imported from its module.
 """
 
-from kernelfleet.raft.config import LogConfig
-from kernelfleet.raft.entries import (
-    MAX_ENTRY_BYTES,
-    Entry,
-    Proposal,
-    Role,
-    StateDelta,
-    UnknownEntry,
-    decode,
-    encode,
-)
-from kernelfleet.raft.errors import (
-    BindFailed,
-    EntryFormatError,
-    EntryTooLarge,
-    FailReason,
-    InvalidEntry,
-    LogClosed,
-    NotCommitted,
-    NotReady,
-    RaftError,
-)
+from kernelfleet.raft.entries import Proposal, Role, StateDelta
+from kernelfleet.raft.errors import NotCommitted
 from kernelfleet.raft.log import KernelLog
 
-__all__ = [
-    "MAX_ENTRY_BYTES",
-    "BindFailed",
-    "Entry",
-    "EntryFormatError",
-    "EntryTooLarge",
-    "FailReason",
-    "InvalidEntry",
-    "KernelLog",
-    "LogClosed",
-    "LogConfig",
-    "NotCommitted",
-    "NotReady",
-    "Proposal",
-    "RaftError",
-    "Role",
-    "StateDelta",
-    "UnknownEntry",
-    "decode",
-    "encode",
-]
+__all__ = ["KernelLog", "NotCommitted", "Proposal", "Role", "StateDelta"]
