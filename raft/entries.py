@@ -207,8 +207,8 @@ class UnknownEntry(_Entry):
         raise EntryFormatError("an UnknownEntry cannot be re-encoded")
 
 
-# The kinds "vote", "completion" and "membership" (NotebookOS's self-election, never driven by a
-# replica) were removed; a journal holding one still replays, the entry as an `UnknownEntry`.
+# The kinds "vote", "completion" and "membership" were removed (no replica ever appended one);
+# a journal holding one still replays, that entry as an `UnknownEntry`.
 Entry: TypeAlias = Proposal | StateDelta
 _KINDS: dict[str, type[Entry]] = {cls.KIND: cls for cls in (Proposal, StateDelta)}
 
