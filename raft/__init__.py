@@ -1,78 +1,15 @@
 """Replication over pysyncobj: a typed replicated log per kernel.
 
 - `entries`: the small, plain-data entry types and their wire form (size-limited).
-- `election`: NotebookOS executor election as pure functions.
 - `log`: `KernelLog`, a replica's Raft node with an asyncio API.
+- `config`, `errors`: its tunables and its domain errors.
+
+This package exports what the replica (``kernels.replica.kernel``) uses; everything else is
+imported from its module.
 """
 
-from kernelfleet.raft.config import LogConfig
-from kernelfleet.raft.election import (
-    Decision,
-    Failed,
-    FailureReason,
-    Undecided,
-    Winner,
-    decide,
-    first_vote,
-)
-from kernelfleet.raft.entries import (
-    MAX_ENTRY_BYTES,
-    Completion,
-    CompletionStatus,
-    Entry,
-    MembershipChange,
-    MembershipNote,
-    Proposal,
-    Role,
-    StateDelta,
-    UnknownEntry,
-    Vote,
-    decode,
-    encode,
-)
-from kernelfleet.raft.errors import (
-    BindFailed,
-    EntryFormatError,
-    EntryTooLarge,
-    FailReason,
-    InvalidEntry,
-    LogClosed,
-    NotCommitted,
-    NotReady,
-    RaftError,
-)
+from kernelfleet.raft.entries import Proposal, Role, StateDelta
+from kernelfleet.raft.errors import NotCommitted
 from kernelfleet.raft.log import KernelLog
 
-__all__ = [
-    "MAX_ENTRY_BYTES",
-    "BindFailed",
-    "Completion",
-    "CompletionStatus",
-    "Decision",
-    "Entry",
-    "EntryFormatError",
-    "EntryTooLarge",
-    "FailReason",
-    "Failed",
-    "FailureReason",
-    "InvalidEntry",
-    "KernelLog",
-    "LogClosed",
-    "LogConfig",
-    "MembershipChange",
-    "MembershipNote",
-    "NotCommitted",
-    "NotReady",
-    "Proposal",
-    "RaftError",
-    "Role",
-    "StateDelta",
-    "Undecided",
-    "UnknownEntry",
-    "Vote",
-    "Winner",
-    "decide",
-    "decode",
-    "encode",
-    "first_vote",
-]
+__all__ = ["KernelLog", "NotCommitted", "Proposal", "Role", "StateDelta"]

@@ -41,22 +41,6 @@ class Role(enum.StrEnum):
     YIELD = "yield"
 
 
-class CompletionStatus(enum.StrEnum):
-    """How the executor's run of a cell ended (the ``status`` of its execute_reply)."""
-
-    OK = "ok"
-    ERROR = "error"
-    ABORTED = "aborted"
-
-
-class MembershipChange(enum.StrEnum):
-    """What a `MembershipNote` records about a replica."""
-
-    JOINED = "joined"
-    LEFT = "left"
-    CAUGHT_UP = "caught-up"
-
-
 def _text(name: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidEntry(f"{name} must be a non-empty string, not {value!r}")
@@ -140,40 +124,6 @@ class Proposal(_Entry):
 
 
 @dataclass(frozen=True)
-class Vote(_Entry):
-    """A replica's conclusion of an election: `winner` executes; None = the election failed.
-
-    The first committed vote for (cell_id, attempt) decides, whoever appended it.
-    """
-
-    KIND: ClassVar[str] = "vote"
-
-    cell_id: str
-    replica_id: str
-    winner: str | None
-    attempt: int = 0
-
-    def __post_init__(self) -> None:
-        _text("cell_id", self.cell_id)
-        _text("replica_id", self.replica_id)
-        if self.winner is not None:
-            _text("winner", self.winner)
-        _count("attempt", self.attempt)
-
-    def _fields(self) -> dict[str, Any]:
-        return {
-            "cell_id": self.cell_id,
-            "replica_id": self.replica_id,
-            "winner": self.winner,
-            "attempt": self.attempt,
-        }
-
-    @property
-    def key(self) -> tuple[str, ...]:
-        return (self.KIND, self.cell_id, self.replica_id, str(self.attempt))
-
-
-@dataclass(frozen=True)
 class StateDelta(_Entry):
     """The executor's namespace changes after cell `cell_id`, applied by followers in log order.
 
@@ -241,53 +191,9 @@ class StateDelta(_Entry):
 
 
 @dataclass(frozen=True)
-class Completion(_Entry):
-    """The executor finished cell `cell_id` with `status`; a replica may then run the next cell."""
-
-    KIND: ClassVar[str] = "completion"
-
-    cell_id: str
-    replica_id: str
-    status: CompletionStatus
-
-    def __post_init__(self) -> None:
-        _text("cell_id", self.cell_id)
-        _text("replica_id", self.replica_id)
-        object.__setattr__(self, "status", _enum(CompletionStatus, "status", self.status))
-
-    def _fields(self) -> dict[str, Any]:
-        return {"cell_id": self.cell_id, "replica_id": self.replica_id, "status": self.status.value}
-
-
-@dataclass(frozen=True)
-class MembershipNote(_Entry):
-    """A replica joined, left, or caught up (its own CAUGHT_UP note committing means it has
-    applied everything logged before it). Informational: Raft membership itself is changed with
-    `KernelLog.add_member` / `remove_member`, not by this entry."""
-
-    KIND: ClassVar[str] = "membership"
-
-    replica_id: str
-    address: str
-    change: MembershipChange
-
-    def __post_init__(self) -> None:
-        _text("replica_id", self.replica_id)
-        _text("address", self.address)
-        object.__setattr__(self, "change", _enum(MembershipChange, "change", self.change))
-
-    def _fields(self) -> dict[str, Any]:
-        return {"replica_id": self.replica_id, "address": self.address, "change": self.change.value}
-
-    @property
-    def key(self) -> tuple[str, ...]:
-        return (self.KIND, self.replica_id, self.address, self.change.value)
-
-
-@dataclass(frozen=True)
 class UnknownEntry(_Entry):
-    """A committed wire tuple this code cannot decode (a newer kind or version); kept as is so
-    that log indexes stay aligned. Never appended by this code."""
+    """A committed wire tuple this code cannot decode (a newer kind or version, or a removed
+    kind); kept as is so that log indexes stay aligned. Never appended by this code."""
 
     KIND: ClassVar[str] = "unknown"
 
@@ -301,10 +207,10 @@ class UnknownEntry(_Entry):
         raise EntryFormatError("an UnknownEntry cannot be re-encoded")
 
 
-Entry: TypeAlias = Proposal | Vote | StateDelta | Completion | MembershipNote
-_KINDS: dict[str, type[Entry]] = {
-    cls.KIND: cls for cls in (Proposal, Vote, StateDelta, Completion, MembershipNote)
-}
+# The kinds "vote", "completion" and "membership" were removed (no replica ever appended one);
+# a journal holding one still replays, that entry as an `UnknownEntry`.
+Entry: TypeAlias = Proposal | StateDelta
+_KINDS: dict[str, type[Entry]] = {cls.KIND: cls for cls in (Proposal, StateDelta)}
 
 
 def decode(wire: object) -> Entry:

@@ -7,15 +7,7 @@ import time
 
 import pytest
 
-from kernelfleet.raft.entries import (
-    Completion,
-    CompletionStatus,
-    Entry,
-    Proposal,
-    Role,
-    StateDelta,
-    Vote,
-)
+from kernelfleet.raft.entries import Entry, Proposal, Role, StateDelta
 from kernelfleet.testing import wait_for
 
 from .conftest import PASSWORD, NodeFailed, NodeProcess, RaftCluster, free_port, wire
@@ -45,9 +37,9 @@ def test_three_nodes_elect_a_leader_and_commit(raft_cluster):
 
     delta = StateDelta("cell-1", "r0", changed={"x": b"\x80\x04K\x01."}, execution_count=1)
     assert leader.append(Proposal("cell-1", "r0", Role.LEAD)) == 0
-    assert followers[0].append(Vote("cell-1", "r1", winner="r0")) == 1
+    assert followers[0].append(Proposal("cell-1", "r1", Role.YIELD)) == 1
     assert followers[1].append(delta) == 2
-    assert leader.append(Completion("cell-1", "r0", CompletionStatus.OK)) == 3
+    assert leader.append(Proposal("cell-2", "r0", Role.LEAD)) == 3
 
     cluster.wait_applied(4, cluster.live)
     log = assert_same_log(cluster.live, 4)

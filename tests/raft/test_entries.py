@@ -9,15 +9,10 @@ import pytest
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.raft.entries import (
     MAX_ENTRY_BYTES,
-    Completion,
-    CompletionStatus,
-    MembershipChange,
-    MembershipNote,
     Proposal,
     Role,
     StateDelta,
     UnknownEntry,
-    Vote,
     decode,
     decode_or_unknown,
     encode,
@@ -31,8 +26,6 @@ BUILTINS = (str, int, bytes, type(None))
 EXAMPLES = [
     Proposal("cell-1", "r0", Role.LEAD),
     Proposal("cell-1", "r1", Role.YIELD, attempt=2),
-    Vote("cell-1", "r2", winner="r0"),
-    Vote("cell-1", "r2", winner=None, attempt=1),
     StateDelta(
         "cell-1",
         "r0",
@@ -42,8 +35,14 @@ EXAMPLES = [
         execution_count=7,
     ),
     StateDelta("cell-2", "r0"),
-    Completion("cell-1", "r0", CompletionStatus.ERROR),
-    MembershipNote("r3", "10.0.0.4:7000", MembershipChange.CAUGHT_UP),
+    StateDelta(
+        "cell-3",
+        "r1",
+        imports={"np": "numpy"},
+        problems={"sock": "cannot pickle"},
+        digests={"a,b": "0f3c"},
+        execution_count=9,
+    ),
 ]
 
 
@@ -73,8 +72,7 @@ def test_round_trip_through_plain_data(entry):
 
 def test_string_values_are_coerced_to_enums():
     assert Proposal("c", "r", "lead").role is Role.LEAD
-    assert Completion("c", "r", "aborted").status is CompletionStatus.ABORTED
-    assert MembershipNote("r", "h:1", "left").change is MembershipChange.LEFT
+    assert Proposal("c", "r", "yield").role is Role.YIELD
 
 
 @pytest.mark.parametrize(
@@ -85,14 +83,12 @@ def test_string_values_are_coerced_to_enums():
         (lambda: Proposal("c", "r0", "execute"), "role must be one of lead, yield"),
         (lambda: Proposal("c", "r0", Role.LEAD, attempt=-1), "attempt"),
         (lambda: Proposal("c", "r0", Role.LEAD, attempt=True), "attempt"),
-        (lambda: Vote("c", "r0", winner=""), "winner"),
         (lambda: StateDelta("c", "r0", changed={"x": 1}), "must be bytes"),
         (lambda: StateDelta("c", "r0", changed={"": b""}), "changed name"),
         (lambda: StateDelta("c", "r0", pointers={"m": ""}), "pointers"),
         (lambda: StateDelta("c", "r0", deleted="abc"), "not a string"),
         (lambda: StateDelta("c", "r0", execution_count=-3), "execution_count"),
-        (lambda: Completion("c", "r0", "fine"), "status"),
-        (lambda: MembershipNote("r0", "", MembershipChange.JOINED), "address"),
+        (lambda: StateDelta("c", "r0", imports={"np": 1}), "must be a string"),
     ],
 )
 def test_invalid_fields_are_refused(make, message):
@@ -136,8 +132,8 @@ def test_malformed_wire_is_refused(wire, message):
 
 
 def test_from_wire_checks_the_kind():
-    with pytest.raises(EntryFormatError, match="expected a 'vote' entry"):
-        Vote.from_wire(Proposal("c", "r", Role.LEAD).to_wire())
+    with pytest.raises(EntryFormatError, match="expected a 'state-delta' entry"):
+        StateDelta.from_wire(Proposal("c", "r", Role.LEAD).to_wire())
 
 
 def test_undecodable_wire_becomes_unknown_entry():
@@ -148,9 +144,27 @@ def test_undecodable_wire_becomes_unknown_entry():
     assert "version 9" in unknown.error
     with pytest.raises(EntryFormatError):
         unknown.to_wire()
-    invalid = decode_or_unknown(("vote", 1, {"cell_id": "", "replica_id": "r", "winner": None}))
+    invalid = decode_or_unknown(("proposal", 1, {"cell_id": "", "replica_id": "r", "role": "lead"}))
     assert isinstance(invalid, UnknownEntry)
     assert "cell_id" in invalid.error
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        ("vote", 1, {"cell_id": "c", "replica_id": "r1", "winner": "r0", "attempt": 0}),
+        ("completion", 1, {"cell_id": "c", "replica_id": "r0", "status": "ok"}),
+        ("membership", 1, {"replica_id": "r3", "address": "10.0.0.4:7000", "change": "joined"}),
+    ],
+    ids=lambda wire: wire[0],
+)
+def test_removed_kinds_are_no_entries_but_still_read_as_unknown(wire):
+    """The election's entry kinds are gone; a journal written with one still reads."""
+    with pytest.raises(EntryFormatError, match=f"unknown entry kind '{wire[0]}'"):
+        decode(wire)
+    unknown = decode_or_unknown(wire)
+    assert isinstance(unknown, UnknownEntry)
+    assert unknown.wire == wire
 
 
 def test_encode_measures_what_pysyncobj_sends():

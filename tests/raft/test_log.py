@@ -153,6 +153,36 @@ async def test_reopened_log_replays_its_journal_once_in_order(tmp_path):
         await log.close()
 
 
+async def test_journal_with_a_removed_entry_kind_replays_with_every_index(tmp_path):
+    """A journal written while "vote" was an entry kind (since removed) still replays."""
+    address = f"127.0.0.1:{free_port()}"
+    vote = ("vote", 1, {"cell_id": "c0", "replica_id": "r1", "winner": "r0", "attempt": 0})
+    delta = StateDelta("c0", "r0", execution_count=1)
+    log = open_log(tmp_path, address)
+    await log.wait_ready(5)
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    await log.append(cells(1)[0])
+    log._store.append(  # as the code before the removal wrote it
+        vote, callback=lambda result, error: loop.call_soon_threadsafe(future.set_result, result)
+    )
+    assert await asyncio.wait_for(future, 5) == 1
+    await log.append(delta)
+    await log.close()
+
+    log = open_log(tmp_path, address)
+    try:
+        await log.wait_ready(5)
+        first, old, last = log.entries_from()
+        assert first == cells(1)[0]
+        assert isinstance(old, UnknownEntry)
+        assert old.wire == vote
+        assert last == delta
+        assert await log.append(Proposal("c1", "r0", Role.LEAD)) == 3
+    finally:
+        await log.close()
+
+
 async def test_oversized_entry_never_reaches_pysyncobj(tmp_path):
     log = open_log(tmp_path, f"127.0.0.1:{free_port()}", max_entry_bytes=64 * 1024)
     submitted: list[Any] = []
