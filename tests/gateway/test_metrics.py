@@ -1,10 +1,12 @@
-"""Prometheus text exposition: exact text, a round trip through a small parser, and /metrics."""
+"""The gateway's metrics on prometheus_client: the exposition it served before (families, types,
+HELP, label sets; no ``_created`` series), one private registry per gateway, gauges set at scrape
+time, and ``GET /metrics`` behind the token."""
 
 from __future__ import annotations
 
-import math
 import re
 
+import prometheus_client
 import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from tornado.httpserver import HTTPServer
@@ -12,7 +14,7 @@ from tornado.netutil import bind_sockets
 from tornado.web import Application
 
 from kernelfleet.gateway.handlers.metrics import MetricsHandler
-from kernelfleet.gateway.metrics import FleetMetrics, MetricsRegistry
+from kernelfleet.gateway.metrics import Counter, FleetMetrics, Gauge, Histogram, MetricsRegistry
 
 SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$")
 LABEL = re.compile(r'(?P<key>[a-zA-Z_]\w*)="(?P<value>(?:[^"\\]|\\.)*)"')
@@ -55,13 +57,94 @@ def parse(text: str) -> tuple[dict[str, tuple[str, str]], dict[tuple, float]]:
     return families, samples
 
 
+CELL_BOUNDS = ("0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0")
+CELL_BOUNDS += ("10.0", "30.0", "60.0", "300.0", "900.0", "+Inf")
+KERNEL_BOUNDS = ("0.25", "0.5", "1.0", "2.0", "3.0", "5.0", "10.0", "20.0", "30.0", "60.0")
+KERNEL_BOUNDS += ("120.0", "+Inf")
+FAMILIES = {  # as the gateway exported them before prometheus_client, HELP texts unescaped
+    "kernelfleet_total_gpus": ("gauge", "GPUs on alive hosts."),
+    "kernelfleet_committed_gpus": ("gauge", "GPUs bound to running cells now."),
+    "kernelfleet_busy_gpus": (
+        "gauge",
+        "GPUs committed to running cells, averaged over the window.",
+    ),
+    "kernelfleet_demand_gpus": ("gauge", "GPUs subscribed by replicas, averaged over the window."),
+    "kernelfleet_subscription_ratio": (
+        "gauge",
+        "Cluster subscription ratio: demand GPUs / busy GPUs, within [1, 7].",
+    ),
+    "kernelfleet_cell_start_delay_seconds": (
+        "histogram",
+        "Time from a cell's execute_request reaching the gateway to its execution starting.",
+    ),
+    "kernelfleet_queued_cells": ("gauge", "Cells waiting for GPUs or hosts (queue length)."),
+    "kernelfleet_migrations_total": ("counter", "Replicas moved to another host."),
+    "kernelfleet_scale_out_hosts_total": ("counter", "Hosts the autoscaler started (scale-outs)."),
+    "kernelfleet_scale_in_hosts_total": ("counter", "Hosts the autoscaler stopped (scale-ins)."),
+    "kernelfleet_ledger_breaches_total": (
+        "counter",
+        "GPU ledger invariant breaches found, each once (only with GatewayApp.check_ledger).",
+    ),
+    "kernelfleet_kernel_start_seconds": (
+        "histogram",
+        "Time from a kernel-create request to the kernel answering.",
+    ),
+    "kernelfleet_migration_seconds": (
+        "histogram",
+        "Time to move a replica: the new one started and caught up, the old one stopped.",
+    ),
+    "kernelfleet_scale_out_seconds": (
+        "histogram",
+        "Time for the autoscaler to start a host, until its agent listens.",
+    ),
+}
+
+
+def expected_series() -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+    """Every (sample name, labels) the gateway exported before prometheus_client."""
+    series: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    for name, (kind, _) in FAMILIES.items():
+        if kind == "histogram":
+            bounds = (
+                CELL_BOUNDS if name == "kernelfleet_cell_start_delay_seconds" else KERNEL_BOUNDS
+            )
+            series.update((f"{name}_bucket", (("le", bound),)) for bound in bounds)
+            series.update({(f"{name}_sum", ()), (f"{name}_count", ())})
+        elif name == "kernelfleet_migrations_total":
+            series.update((name, (("outcome", o),)) for o in ("failed", "succeeded"))
+        else:
+            series.add((name, ()))
+    return series
+
+
+def test_fleet_metrics_keep_their_names_types_help_and_labels() -> None:
+    metrics = FleetMetrics()
+    metrics.registry.on_collect(lambda: metrics.committed_gpus.set(2))
+    metrics.cell_start_delay.observe(0.004)
+    metrics.migrations.labels("succeeded").inc()
+    metrics.kernel_start.observe(1.5)
+    text = metrics.render()
+    families, samples = parse(text)
+    assert families == FAMILIES
+    assert set(samples) == expected_series()
+    assert "_created" not in text
+    assert samples[("kernelfleet_committed_gpus", ())] == 2
+    assert samples[("kernelfleet_migrations_total", (("outcome", "failed"),))] == 0
+    assert samples[("kernelfleet_migrations_total", (("outcome", "succeeded"),))] == 1
+    assert samples[("kernelfleet_cell_start_delay_seconds_bucket", (("le", "0.005"),))] == 1
+    assert samples[("kernelfleet_kernel_start_seconds_bucket", (("le", "1.0"),))] == 0
+    assert samples[("kernelfleet_kernel_start_seconds_bucket", (("le", "2.0"),))] == 1
+    assert samples[("kernelfleet_kernel_start_seconds_sum", ())] == 1.5
+    assert samples[("kernelfleet_migration_seconds_count", ())] == 0
+
+
 def test_exact_text_of_each_kind() -> None:
     registry = MetricsRegistry()
-    cells = registry.counter("kernelfleet_cells_total", "Cells run.", ["policy"])
+    cells = Counter("kernelfleet_cells_total", "Cells run.", ["policy"], registry=registry)
     cells.labels("notebookos").inc()
     cells.labels(policy="notebookos").inc(2)
-    registry.gauge("kernelfleet_queued_cells", "Cells waiting.").set(3)
-    delay = registry.histogram("kernelfleet_delay_seconds", "Delay.", [0.1, 1])
+    Gauge("kernelfleet_queued_cells", "Cells waiting.", registry=registry).set(3)
+    delay = Histogram("kernelfleet_delay_seconds", "Delay.", buckets=[0.1, 1], registry=registry)
     delay.observe(0.05)
     delay.observe(0.1)  # a bound is inclusive
     delay.observe(7)
@@ -77,85 +160,58 @@ def test_exact_text_of_each_kind() -> None:
         'kernelfleet_delay_seconds_bucket{le="0.1"} 2.0\n'
         'kernelfleet_delay_seconds_bucket{le="1.0"} 2.0\n'
         'kernelfleet_delay_seconds_bucket{le="+Inf"} 3.0\n'
-        "kernelfleet_delay_seconds_sum 7.15\n"
         "kernelfleet_delay_seconds_count 3.0\n"
+        "kernelfleet_delay_seconds_sum 7.15\n"
     )
 
 
-def test_help_and_label_values_are_escaped_and_parse_back() -> None:
-    registry = MetricsRegistry()
-    odd = 'a "quoted" back\\slash\nnewline'
-    gauge = registry.gauge("kernelfleet_odd", "Help with \\ and\nnewline.", ["host", "why"])
-    gauge.labels(host="h1", why=odd).set(-1.5)
-    gauge.labels("h2", "plain").set(math.inf)
-    histogram = registry.histogram("kernelfleet_h_seconds", "H.", [1], labels=["host"])
-    histogram.labels("x,y").observe(2)
-    text = registry.render()
-    lines = text.split("\n")
-    assert lines[0] == "# HELP kernelfleet_odd Help with \\\\ and\\nnewline."
-    escaped = 'a \\"quoted\\" back\\\\slash\\nnewline'
-    assert lines[2] == f'kernelfleet_odd{{host="h1",why="{escaped}"}} -1.5'
-    families, samples = parse(text)
-    assert families["kernelfleet_odd"] == ("gauge", "Help with \\ and\nnewline.")
-    assert samples[("kernelfleet_odd", (("host", "h1"), ("why", odd)))] == -1.5
-    assert samples[("kernelfleet_odd", (("host", "h2"), ("why", "plain")))] == math.inf
-    bucket = ("kernelfleet_h_seconds_bucket", (("host", "x,y"), ("le", "1.0")))
-    assert samples[bucket] == 0
-    assert samples[("kernelfleet_h_seconds_count", (("host", "x,y"),))] == 1
-
-
-def test_misuse_is_refused() -> None:
-    registry = MetricsRegistry()
-    counter = registry.counter("kernelfleet_x_total", "X.")
-    with pytest.raises(ValueError, match="only goes up"):
-        counter.inc(-1)
-    with pytest.raises(ValueError, match="registered already"):
-        registry.gauge("kernelfleet_x_total", "again")
-    with pytest.raises(ValueError, match="ends in _total"):
-        registry.counter("kernelfleet_x", "X.")
-    with pytest.raises(ValueError, match="invalid metric name"):
-        registry.gauge("kernel-fleet", "X.")
-    with pytest.raises(ValueError, match="invalid label name"):
-        registry.gauge("kernelfleet_y", "Y.", ["__reserved"])
-    with pytest.raises(ValueError, match="reserved"):
-        registry.histogram("kernelfleet_z", "Z.", [1], labels=["le"])
-    labelled = registry.gauge("kernelfleet_w", "W.", ["host"])
-    with pytest.raises(ValueError, match="use labels"):
-        labelled.set(1)
-    with pytest.raises(ValueError, match="takes labels"):
-        labelled.labels("a", "b")
-    with pytest.raises(ValueError, match="takes labels"):
-        labelled.labels(node="a")
-
-
-def test_fleet_metrics_are_all_exported_from_the_start() -> None:
+def test_collect_callbacks_run_before_every_scrape() -> None:
     metrics = FleetMetrics()
-    metrics.registry.on_collect(lambda: metrics.committed_gpus.set(2))
-    metrics.cell_start_delay.observe(0.004)
-    metrics.migrations.labels("succeeded").inc()
-    families, samples = parse(metrics.render())
-    assert set(families) == {
-        "kernelfleet_total_gpus",
-        "kernelfleet_committed_gpus",
-        "kernelfleet_busy_gpus",
-        "kernelfleet_demand_gpus",
-        "kernelfleet_subscription_ratio",
-        "kernelfleet_cell_start_delay_seconds",
-        "kernelfleet_queued_cells",
-        "kernelfleet_migrations_total",
-        "kernelfleet_scale_out_hosts_total",
-        "kernelfleet_scale_in_hosts_total",
-        "kernelfleet_kernel_start_seconds",
-        "kernelfleet_ledger_breaches_total",
-        "kernelfleet_migration_seconds",
-        "kernelfleet_scale_out_seconds",
-    }
-    assert samples[("kernelfleet_committed_gpus", ())] == 2
-    assert samples[("kernelfleet_migrations_total", (("outcome", "failed"),))] == 0
-    assert samples[("kernelfleet_migrations_total", (("outcome", "succeeded"),))] == 1
-    first = ("kernelfleet_cell_start_delay_seconds_bucket", (("le", "0.005"),))
-    assert samples[first] == 1
-    assert samples[("kernelfleet_kernel_start_seconds_count", ())] == 0
+    scrapes: list[int] = []
+
+    def set_gauges() -> None:
+        scrapes.append(len(scrapes))
+        metrics.total_gpus.set(10 * len(scrapes))
+
+    metrics.registry.on_collect(set_gauges)
+    assert scrapes == [], "nothing runs before a scrape"
+    assert parse(metrics.render())[1][("kernelfleet_total_gpus", ())] == 10
+    assert parse(metrics.render())[1][("kernelfleet_total_gpus", ())] == 20
+    assert metrics.registry.get_sample_value("kernelfleet_total_gpus") == 30
+    assert scrapes == [0, 1, 2]
+
+
+def test_each_gateway_counts_on_its_own_registry() -> None:
+    first, second = FleetMetrics(), FleetMetrics()  # the global registry would refuse the second
+    first.hosts_added.inc(3)
+    assert first.hosts_added.value == 3
+    assert second.hosts_added.value == 0
+    assert second.registry.get_sample_value("kernelfleet_scale_out_hosts_total") == 0
+    global_names = {metric.name for metric in prometheus_client.REGISTRY.collect()}
+    assert not any(name.startswith("kernelfleet_") for name in global_names)
+
+
+def test_values_read_back() -> None:
+    metrics = FleetMetrics()
+    metrics.queued_cells.set(4)
+    metrics.queued_cells.dec()
+    metrics.ledger_breaches.inc()
+    metrics.migrations.labels(outcome="failed").inc(2)
+    assert metrics.queued_cells.value == 3
+    assert metrics.ledger_breaches.value == 1
+    assert metrics.migrations.labels("failed").value == 2
+    assert metrics.migrations.labels("succeeded").value == 0
+    with pytest.raises(ValueError, match="kernelfleet_migrations_total has labels"):
+        _ = metrics.migrations.value
+    per_host = Gauge(
+        "kernelfleet_host_gpus", "GPUs per host.", ["host"], registry=MetricsRegistry()
+    )
+    per_host.labels("h1").set(2)
+    assert per_host.labels("h1").value == 2
+    with pytest.raises(ValueError, match="kernelfleet_host_gpus has labels"):
+        _ = per_host.value  # even with a single child
+    with pytest.raises(ValueError, match="non-negative"):  # a counter only goes up
+        metrics.hosts_removed.inc(-1)
 
 
 async def test_metrics_endpoint_needs_the_token() -> None:
