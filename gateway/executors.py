@@ -36,6 +36,7 @@ from kernelfleet.scheduler import FleetSnapshot, GpuBinding, Policy
 from kernelfleet.scheduler.decisions import Migrate, Reject, RunOn, ScaleOut
 from kernelfleet.scheduler.policy import ExecuteRequest
 from kernelfleet.scheduler.snapshot import KernelSnapshot
+from kernelfleet.scheduler.waiting import held_for_elders
 
 log = logging.getLogger("kernelfleet.gateway.executors")
 
@@ -58,11 +59,12 @@ class KernelOps(Protocol):
 
 @dataclass(eq=False)
 class _Waiter:
-    """A cell waiting for GPUs: what it needs, where it could run, and its wake-up call."""
+    """A cell waiting for GPUs: what it needs, where it could run (its live replicas' hosts,
+    as of its last ask), and its wake-up call; a `WaitingCell` for the waiting-order rule."""
 
     cell: Cell
     gpus: int
-    hosts: frozenset[str] = frozenset()
+    hosts: frozenset[str]
     turn: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -74,7 +76,8 @@ class ExecutorChooser:
 
     Waiting cells are served in arrival order: when GPUs are released they ask the policy
     again oldest first, and a newer cell may not take GPUs on a host an older waiting cell
-    could run on (so a cell needing 2 GPUs is not starved by a stream of 1-GPU cells).
+    could run on (so a cell needing 2 GPUs is not starved by a stream of 1-GPU cells): the
+    rule of `kernelfleet.scheduler.waiting`, which the simulator runs too.
     """
 
     def __init__(
@@ -145,11 +148,13 @@ class ExecutorChooser:
                 why = (
                     "hosts being added" if isinstance(decision, ScaleOut) else "GPUs to be released"
                 )
+                hosts = frozenset(r.host_id for r in replicas)
                 if waiter is None:  # registered here, so that `finally` sees it if cancelled
-                    waiter = _Waiter(cell, gpus)
+                    waiter = _Waiter(cell, gpus, hosts)
                     self._waiting.append(waiter)
                     self._metrics.queued_cells.set(len(self._waiting))
-                waiter.hosts = frozenset(r.host_id for r in replicas)
+                else:
+                    waiter.hosts = hosts
                 await self._wait_turn(waiter, why)
         finally:
             if waiter is not None and waiter in self._waiting:
@@ -204,12 +209,10 @@ class ExecutorChooser:
             self.capacity_changed()
 
     def _held_for_elders(self, host_id: str, gpus: int, waiter: _Waiter | None) -> bool:
-        """Whether a cell waiting longer than this one (all of them, if this one does not wait
-        yet) could run on `host_id`: then its free GPUs are kept for that cell."""
-        if gpus == 0:
-            return False
+        """Whether the `gpus` this cell would commit on `host_id` are kept for a cell waiting
+        longer than it (all of them, if this one does not wait yet): `held_for_elders`."""
         elders = self._waiting if waiter is None else self._waiting[: self._waiting.index(waiter)]
-        return any(elder.gpus > 0 and host_id in elder.hosts for elder in elders)
+        return held_for_elders(host_id, gpus, elders)
 
     def _stop_waiting(self, waiter: _Waiter) -> None:
         self._waiting.remove(waiter)

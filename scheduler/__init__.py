@@ -1,5 +1,6 @@
-"""Pure decision code: placement, executor choice, migration and autoscaling; and the trace-driven
-simulator that drives the same policies (`kernelfleet.scheduler.simulator`).
+"""Pure decision code: placement, executor choice, migration and autoscaling, and the order in
+which waiting cells are served (`kernelfleet.scheduler.waiting`); and the trace-driven simulator
+that drives the same policies and waiting order (`kernelfleet.scheduler.simulator`).
 
 Nothing in the policies does I/O or reads a clock: a policy gets a frozen `FleetSnapshot` (with
 ``now`` as a field) and returns a decision (`kernelfleet.scheduler.decisions`). The live gateway

@@ -5,10 +5,11 @@ policy only sees frozen snapshots. Per session: its kernel is admitted ``session
 its first event; each event is a cell submitted when the trace says, shifted by the delays the
 session met so far (the trace's idle gap after the previous cell is kept); the session ends
 ``session_linger_s`` after its last cell. Requests a policy queues wait in arrival order and are
-asked about again, oldest first, whenever capacity changes. As in the gateway
-(`kernelfleet.gateway.executors`), a cell may not take GPUs on a host where an older waiting cell
-could run (one of its kernel's replica hosts; any host for a kernel without replicas): free GPUs
-there are kept for the elder, so a large cell is not starved by a stream of small ones.
+asked about again, oldest first, whenever capacity changes. A cell may not take GPUs on a host
+where an older waiting cell could run (one of its kernel's replica hosts; any host for a kernel
+without replicas): free GPUs there are kept for the elder, so a large cell is not starved by a
+stream of small ones. That rule is `kernelfleet.scheduler.waiting.held_for_elders`, the code the
+gateway runs (`kernelfleet.gateway.executors`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from kernelfleet.scheduler.simulator.sessions import SessionState, SimSession
 from kernelfleet.scheduler.snapshot import FleetSnapshot
 from kernelfleet.scheduler.trace import Trace
 from kernelfleet.scheduler.usage import UsageWindow
+from kernelfleet.scheduler.waiting import held_for_elders
 
 log = logging.getLogger("kernelfleet.scheduler.simulator")
 
@@ -62,11 +64,21 @@ class Event(enum.IntEnum):
 
 @dataclass
 class _Waiting:
-    """A queued request: a kernel admission (cell = -1) or a cell submitted at `since`."""
+    """A queued request: a kernel admission (cell = -1) or a cell submitted at `since`. A cell
+    is a `WaitingCell` for the waiting-order rule, read from its kernel as it is now."""
 
     session: SimSession
     cell: int
     since: float
+
+    @property
+    def gpus(self) -> int:
+        return self.session.kernel.gpus
+
+    @property
+    def hosts(self) -> list[str] | None:
+        """Its kernel's replica hosts; None (any host) for a kernel without replicas."""
+        return self.session.kernel.replica_hosts or None
 
 
 class Simulation:
@@ -234,18 +246,12 @@ class Simulation:
         return False
 
     def _held_for(self, elders: list[_Waiting], host_id: str, gpus: int) -> bool:
-        """Whether a waiting cell among `elders` could run on `host_id` (so its free GPUs are
-        kept for that cell). Never for a cell needing no GPU, nor under per-session binding,
-        where a cell runs on GPUs its kernel already holds."""
-        if gpus == 0 or self.policy.binding is GpuBinding.PER_SESSION:
-            return False
-        for item in elders:
-            kernel = item.session.kernel
-            if item.cell < 0 or kernel.gpus == 0:
-                continue  # an admission, or a cell that needs no GPU
-            if not kernel.replica_hosts or host_id in kernel.replica_hosts:
-                return True
-        return False
+        """Whether the free GPUs a cell needing `gpus` would take on `host_id` are kept for a
+        waiting cell among `elders` (`held_for_elders`; admissions are not cells). A cell
+        takes free GPUs only under per-cell binding, as `_start_cell` commits them; under
+        per-session binding it runs on GPUs its kernel already holds."""
+        taking = gpus if self.policy.binding is GpuBinding.PER_CELL else 0
+        return held_for_elders(host_id, taking, (item for item in elders if item.cell >= 0))
 
     def _start_cell(
         self, session: SimSession, index: int, since: float, host_id: str, extra: float

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kernelfleet.errors import InvalidRequest
+from kernelfleet.scheduler import FleetSnapshot, PlacementRequest, Queue, QueueReason
+from kernelfleet.scheduler.decisions import AdmitDecision
 from kernelfleet.scheduler.policies import FcfsBatchPolicy, NotebookOSPolicy, ReservationPolicy
 from kernelfleet.scheduler.simulator import SimulationConfig, simulate
 from kernelfleet.scheduler.simulator.metrics import percentile
@@ -80,6 +82,43 @@ def test_a_waiting_cell_keeps_the_gpus_it_could_use_from_younger_cells() -> None
     result = simulate(workload, [NotebookOSPolicy(config.autoscaling())], config)["notebookos"]
     assert result.delays_s == [0.0, 0.0, 0.0, 240.0, 480.0]
     assert result.end_s == 840  # E ends at minute 10 + 4
+
+
+def test_a_waiting_cell_without_replicas_keeps_every_host_from_younger_cells() -> None:
+    # fcfs-batch: no replicas, a cell runs on any host, 15 s before it (container, state load)
+    # and 10 s after (state save). 2 hosts x 2 GPUs: A (2 GPUs) on h1 and B (1) on h2 from 15 s;
+    # C (2 GPUs, 60 s) fits nowhere and waits; D (1 GPU, 120 s) fits h2's free GPU, but C could
+    # run on any host, so D waits behind it. B ends at 325 s: C starts on h2 at 340 (280 s
+    # late); A ends at 625 s: D starts on h1 at 640 (520 s late). Had D gone first (at 135 s,
+    # until 385), C would have started at 400.
+    config = SimulationConfig(
+        hosts=2, gpus_per_host=2, max_hosts=2, session_lead_s=0, session_linger_s=0
+    )
+    workload = trace((2, 0, 10), (1, 0, 5), (2, 1, 5), (1, 2, 4))
+    result = simulate(workload, [FcfsBatchPolicy(config.autoscaling())], config)["fcfs-batch"]
+    assert result.delays_s == [15.0, 15.0, 280.0, 520.0]
+
+
+class AdmitsK1WhenIdle(NotebookOSPolicy):
+    """notebookos, except that kernel k1 waits for admission while any GPU is committed."""
+
+    def admit(self, snapshot: FleetSnapshot, request: PlacementRequest) -> AdmitDecision:
+        if request.kernel_id == "k1" and snapshot.gpus_committed > 0:
+            return Queue(QueueReason.WAITING_FOR_HOSTS, "k1 waits for an idle fleet")
+        return super().admit(snapshot, request)
+
+
+def test_a_kernel_waiting_for_admission_keeps_no_host_from_cells() -> None:
+    # 3 hosts x 2 GPUs. A (1 GPU, minute 0-10) runs. B's kernel (k1, minute 0.5) waits for
+    # admission until A ends. C (1 GPU, minute 1) finds free GPUs: B is not a waiting cell, so C
+    # runs at once. B's cell runs when A ends, 570 s after its submit time.
+    config = SimulationConfig(
+        hosts=3, gpus_per_host=2, max_hosts=3, session_lead_s=0, session_linger_s=0
+    )
+    workload = trace((1, 0, 10), (2, 0.5, 1), (1, 1, 1))
+    assert len(workload.sessions) == 3
+    result = simulate(workload, [AdmitsK1WhenIdle(config.autoscaling())], config)["notebookos"]
+    assert result.delays_s == [0.0, 0.0, 570.0]
 
 
 def test_scale_out_delay_is_on_the_waiting_cells_path() -> None:
