@@ -11,11 +11,14 @@ Everything two kernelfleet processes must spell alike lives here, and nowhere el
   (a cell's GPU request among them) and inside an ``execute_reply``'s content;
 - `ConnectionInfo` and `CONNECTION_KEYS`: where a replica listens, as the host agent reports it
   and the gateway connects to it;
-- `ReplicaEnv`: the environment the host agent gives a replica's process.
+- `ReplicaEnv`: the environment variables of a replica's process (the host agent sets them,
+  the replica and the code in it read them).
 
 The values are wire strings: replicas of an older release, stored gateway state, tests and
-clients rely on them, so they never change (tests/test_protocol.py pins them). This module
-imports nothing from kernelfleet, so that every process and every layer may import it.
+clients rely on them, so they never change (tests/test_protocol.py pins them). Members may be
+message values as they are; as keys of a message's dicts, write ``member.value`` (orjson, which
+jupyter_client prefers, refuses keys that are not exactly `str`). This module imports nothing
+from kernelfleet, so that every process and every layer may import it.
 """
 
 from __future__ import annotations
