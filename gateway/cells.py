@@ -24,6 +24,7 @@ from typing import Any
 
 from kernelfleet.errors import FleetError, InvalidRequest
 from kernelfleet.gateway.framing import ClientMessage
+from kernelfleet.protocol import METADATA_KEY, CellKey, ErrorName, options_of
 
 log = logging.getLogger("kernelfleet.gateway.cells")
 
@@ -48,7 +49,7 @@ class Cell:
     client: Any
     """The `ClientLink` it came from (and whose sockets it is sent through)."""
     gpus: int | None
-    """The cell's own GPU need (execute_request metadata ``kernelfleet.gpus``), or None."""
+    """The cell's own GPU need (`CellKey.GPUS` in the execute_request metadata), or None."""
     stop_on_error: bool
     received_at: float
     started: asyncio.Future[Assignment] = field(default_factory=asyncio.Future)
@@ -77,17 +78,18 @@ Dispatch = Callable[[Cell, Assignment], Awaitable[None]]
 
 
 def cell_gpus(message: ClientMessage) -> int | None:
-    """The GPU count a cell asks for in its metadata (``{"kernelfleet": {"gpus": N}}``)."""
+    """The GPU count a cell asks for in its metadata (`CellKey.GPUS`), or None."""
     try:
         metadata = json.loads(message.parts[2])
     except ValueError:
         raise InvalidRequest("the execute_request metadata is not JSON") from None
-    options = metadata.get("kernelfleet") if isinstance(metadata, dict) else None
-    if not isinstance(options, dict) or options.get("gpus") is None:
+    gpus = options_of(metadata).get(CellKey.GPUS)
+    if gpus is None:
         return None
-    gpus = options["gpus"]
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
-        raise InvalidRequest(f"kernelfleet.gpus must be a non-negative integer, not {gpus!r}")
+        raise InvalidRequest(
+            f"{METADATA_KEY}.{CellKey.GPUS} must be a non-negative integer, not {gpus!r}"
+        )
     return gpus
 
 
@@ -130,7 +132,7 @@ class CellQueue:
         if self.current is not None and self._assigning is not None:
             self._assigning.cancel()
         while self._waiting:
-            self._end_unsent(self._waiting.popleft(), "KeyboardInterrupt", why)
+            self._end_unsent(self._waiting.popleft(), ErrorName.INTERRUPTED, why)
 
     def finish(self, cell_id: str, status: str, replica_id: str | None = None) -> None:
         """The cell `cell_id` ended with `status` (on `replica_id`, if given); ignored if it is
@@ -200,7 +202,7 @@ class CellQueue:
             self._assigning.cancel()
         for cell in [*self._waiting, *([self.current] if self.current else [])]:
             if not cell.started.done():
-                self._end_unsent(cell, "KernelUnavailable", why)
+                self._end_unsent(cell, ErrorName.KERNEL_UNAVAILABLE, why)
         self._waiting.clear()
 
     async def _run(self) -> None:
@@ -217,7 +219,8 @@ class CellQueue:
             except Exception as e:
                 log.exception("kernel %s: cell %s failed in the gateway", self.kernel_id, cell.id)
                 if not cell.started.done():
-                    self._end_unsent(cell, "GatewayError", f"the gateway could not run it: {e}")
+                    why = f"the gateway could not run it: {e}"
+                    self._end_unsent(cell, ErrorName.GATEWAY_ERROR, why)
             finally:
                 self.current = None
                 self.current_assignment = None
@@ -230,7 +233,7 @@ class CellQueue:
             except asyncio.CancelledError:
                 if self._runner.cancelled():
                     raise
-                self._end_unsent(cell, "KeyboardInterrupt", "interrupted while waiting to run")
+                self._end_unsent(cell, ErrorName.INTERRUPTED, "interrupted while waiting to run")
                 return
             except FleetError as e:
                 self._end_unsent(cell, type(e).__name__, e.message)

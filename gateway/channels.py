@@ -19,7 +19,6 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -35,6 +34,14 @@ from kernelfleet.gateway.framing import (
     kernel_message_from_dict,
     parse_kernel_frames,
 )
+from kernelfleet.protocol import (
+    METADATA_KEY,
+    CellKey,
+    ConnectionInfo,
+    ErrorName,
+    Role,
+    options_of,
+)
 
 log = logging.getLogger("kernelfleet.gateway.channels")
 
@@ -48,36 +55,14 @@ ROUTES_KEPT = 4096
 """Requests whose answering replica is remembered (late output of old cells included)."""
 
 
-@dataclass(frozen=True)
-class ConnectionInfo:
-    """Where a kernel replica listens, and the key its messages are signed with."""
-
-    ip: str
-    shell_port: int
-    iopub_port: int
-    stdin_port: int
-    control_port: int
-    hb_port: int
-    key: str
-    transport: str = "tcp"
-    signature_scheme: str = "hmac-sha256"
-
-    @classmethod
-    def from_dict(cls, info: dict[str, Any]) -> ConnectionInfo:
-        fields = cls.__dataclass_fields__
-        return cls(**{name: info[name] for name in fields if name in info})
-
-    def url(self, channel: str) -> str:
-        port = getattr(self, f"{channel}_port")
-        return f"{self.transport}://{self.ip}:{port}"
-
-    def session(self, session_id: str | None = None) -> Session:
-        return Session(
-            key=self.key.encode(),
-            signature_scheme=self.signature_scheme,
-            session=session_id or str(uuid.uuid4()),
-            username="kernelfleet",
-        )
+def replica_session(info: ConnectionInfo, session_id: str | None = None) -> Session:
+    """A session that signs messages to the replica at `info`, and checks the replica's."""
+    return Session(
+        key=info.key.encode(),
+        signature_scheme=info.signature_scheme,
+        session=session_id or str(uuid.uuid4()),
+        username="kernelfleet",
+    )
 
 
 class ReplicaFeed:
@@ -96,7 +81,7 @@ class ReplicaFeed:
         self.info = info
         self._context = context
         self._on_message = on_message
-        self._session = info.session()
+        self._session = replica_session(info)
         self._socket: zmq.asyncio.Socket | None = None
         self._pump: asyncio.Task[None] | None = None
         self._first = asyncio.Event()
@@ -302,7 +287,7 @@ class ClientLink:
         if self._closed or replica_id in self._sockets:
             return
         context = self._link._context
-        self._signers[replica_id] = info.session(self._session.session)
+        self._signers[replica_id] = replica_session(info, self._session.session)
         sockets: dict[str, zmq.asyncio.Socket] = {}
         pumps = []
         for channel in ("shell", "control", "stdin"):
@@ -343,9 +328,9 @@ class ClientLink:
         message = cell.message
         executor = assignment.replica_id
         self._pending[message.msg_id] = (message.parts[0], executor)
-        lead = _with_role(message.parts, "lead", executor, cell.attempt, assignment.devices)
+        lead = _with_role(message.parts, Role.LEAD, executor, cell.attempt, assignment.devices)
         await self._send_to(executor, "shell", lead, message.buffers)
-        yielding = _with_role(message.parts, "yield", executor, cell.attempt, ())
+        yielding = _with_role(message.parts, Role.YIELD, executor, cell.attempt, ())
         for replica_id in yielders:
             with contextlib.suppress(KeyError, zmq.ZMQError):
                 await self._send_to(replica_id, "shell", yielding, message.buffers)
@@ -400,7 +385,7 @@ class ClientLink:
         try:
             cell.gpus = cell_gpus(message)
         except InvalidRequest as e:
-            self.end_unsent_cell(cell, "InvalidRequest", e.message)
+            self.end_unsent_cell(cell, type(e).__name__, e.message)
             return
         self._link.cells.submit(cell)
 
@@ -449,17 +434,19 @@ class ClientLink:
 
 
 def _with_role(
-    parts: list[bytes], role: str, executor: str, attempt: int, devices: tuple[str, ...]
+    parts: list[bytes], role: Role, executor: str, attempt: int, devices: tuple[str, ...]
 ) -> list[bytes]:
     """`parts` with the cell's role, attempt (how many times it was sent again) and, for the
     executor, its GPU devices in the metadata."""
     metadata = json.loads(parts[2])
     if not isinstance(metadata, dict):
         metadata = {}
-    options = metadata.get("kernelfleet")
-    options = dict(options) if isinstance(options, dict) else {}
-    options.update(role=role, executor=executor, attempt=attempt, devices=list(devices))
-    metadata["kernelfleet"] = options
+    options = dict(options_of(metadata))
+    options[CellKey.ROLE.value] = role.value
+    options[CellKey.EXECUTOR.value] = executor
+    options[CellKey.ATTEMPT.value] = attempt
+    options[CellKey.DEVICES.value] = list(devices)
+    metadata[METADATA_KEY] = options
     return [parts[0], parts[1], json.dumps(metadata).encode(), parts[3]]
 
 
@@ -468,10 +455,9 @@ def _reply_status(message: KernelMessage) -> str:
     "yielded" for a replica's answer to a YIELD."""
     try:
         content = json.loads(message.raw_content)
-        options = content.get("kernelfleet")
-        if isinstance(options, dict) and options.get("role") == "yield":
+        if options_of(content).get(CellKey.ROLE) == Role.YIELD:
             return "yielded"
-        if content.get("ename") == "ReplicaIsolated":
+        if content.get("ename") == ErrorName.REPLICA_ISOLATED:
             return "isolated"
         return str(content.get("status", "ok"))
     except (ValueError, AttributeError):
@@ -498,7 +484,7 @@ async def _verified_messages(
 
 
 def _lost_cell_reply(why: str) -> dict[str, Any]:
-    return _error_reply("ReplicaLost", why)
+    return _error_reply(ErrorName.REPLICA_LOST, why)
 
 
 def _error_reply(ename: str, evalue: str) -> dict[str, Any]:

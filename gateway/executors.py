@@ -15,7 +15,7 @@ Devices committed to a cell are released when it ends, however it ends. Under a 
 binds GPUs per session (`reservation`), the kernel's GPUs are committed when it starts (or by
 its first cell, after its replica was replaced) and held until it goes. A replica whose
 memory may still sit on devices now committed to another cell is asked to move it off first
-(``kernelfleet_release_request``).
+(`kernelfleet.protocol.Request.RELEASE`).
 """
 
 from __future__ import annotations

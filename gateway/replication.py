@@ -1,9 +1,10 @@
-"""Forming and repairing a kernel's Raft group (the messages are in ``kernels.replicated``).
+"""Forming and repairing a kernel's Raft group, and the other requests the gateway sends a
+replica (`kernelfleet.protocol.Request`).
 
-The gateway is not a member of the group. To form one it sends every replica a
-``kernelfleet_join_request`` (shell channel), all in parallel, and returns once each answered
-that its group has a leader. To replace a lost replica it asks a live member to swap the
-addresses (``kernelfleet_membership_request``, control channel), then joins the newcomer.
+The gateway is not a member of the group. To form one it sends every replica `Request.JOIN`
+(shell channel), all in parallel, and returns once each answered that its group has a leader.
+To replace a lost replica it asks a live member to swap the addresses (`Request.MEMBERSHIP`,
+control channel), then joins the newcomer.
 """
 
 from __future__ import annotations
@@ -18,8 +19,15 @@ import zmq
 import zmq.asyncio
 
 from kernelfleet.errors import KernelStartFailed
-from kernelfleet.gateway.channels import ConnectionInfo
+from kernelfleet.gateway.channels import replica_session
 from kernelfleet.gateway.framing import parse_kernel_frames
+from kernelfleet.protocol import (
+    ConnectionInfo,
+    ForgetContent,
+    JoinContent,
+    MembershipContent,
+    Request,
+)
 
 
 @dataclass(frozen=True)
@@ -65,17 +73,17 @@ async def _join(
     timeout: float,
     forget: tuple[str, ...],
 ) -> None:
-    content = {
-        "replica_id": member.replica_id,
-        "address": member.raft_address,
-        "peers": [address for address in addresses if address != member.raft_address],
-        "password": password,
-        "store_root": store_root,
-        "timeout": timeout,
-        "forget": list(forget),
-    }
+    content = JoinContent(
+        replica_id=member.replica_id,
+        address=member.raft_address,
+        peers=[address for address in addresses if address != member.raft_address],
+        password=password,
+        store_root=store_root,
+        timeout=timeout,
+        forget=list(forget),
+    )
     what = f"replica {member.replica_id} joining its Raft group"
-    await ask(context, member.connection, "shell", "kernelfleet_join", content, timeout, what)
+    await send_request(context, member.connection, Request.JOIN, content, timeout, what)
 
 
 async def change_members(
@@ -86,12 +94,44 @@ async def change_members(
     timeout: float,
 ) -> list[str]:
     """Have member `through` remove then add Raft addresses; returns the members it sees."""
-    content = {"remove": remove, "add": add}
+    content = MembershipContent(remove=remove, add=add)
     what = f"replica {through.replica_id} changing its group (-{remove} +{add})"
-    reply = await ask(
-        context, through.connection, "control", "kernelfleet_membership", content, timeout, what
+    reply = await send_request(
+        context, through.connection, Request.MEMBERSHIP, content, timeout, what
     )
     return list(reply.get("members", []))
+
+
+async def send_request(
+    context: zmq.asyncio.Context,
+    connection: ConnectionInfo,
+    request: Request,
+    content: JoinContent | MembershipContent | ForgetContent | dict[str, Any],
+    timeout: float,
+    what: str,
+) -> dict[str, Any]:
+    """Send `request` on its channel and return the content of its reply;
+    `KernelStartFailed` saying `what` failed if the reply is late or not ok."""
+    session = replica_session(connection)
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(connection.url(request.channel))
+    try:
+        message = session.msg(request.value, dict(content))
+        await socket.send_multipart(session.serialize(message))
+        while True:
+            frames = await asyncio.wait_for(socket.recv_multipart(), timeout)
+            reply = parse_kernel_frames(frames, session.auth)
+            if reply.msg_type == request.reply:
+                break
+    except TimeoutError:
+        raise KernelStartFailed(f"{what}: no answer within {timeout:.0f} s") from None
+    finally:
+        socket.close()
+    answer: dict[str, Any] = json.loads(reply.raw_content)
+    if answer.get("status") != "ok":
+        raise KernelStartFailed(f"{what} failed: {answer.get('ename')}: {answer.get('evalue')}")
+    return answer
 
 
 async def ask(
@@ -103,24 +143,14 @@ async def ask(
     timeout: float,
     what: str,
 ) -> dict[str, Any]:
-    """Send ``<request>_request`` on `channel` and return the content of its ``_reply``;
-    `KernelStartFailed` saying `what` failed if the reply is late or not ok."""
-    session = connection.session()
-    socket = context.socket(zmq.DEALER)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.connect(connection.url(channel))
-    try:
-        await socket.send_multipart(session.serialize(session.msg(f"{request}_request", content)))
-        while True:
-            frames = await asyncio.wait_for(socket.recv_multipart(), timeout)
-            reply = parse_kernel_frames(frames, session.auth)
-            if reply.msg_type == f"{request}_reply":
-                break
-    except TimeoutError:
-        raise KernelStartFailed(f"{what}: no answer within {timeout:.0f} s") from None
-    finally:
-        socket.close()
-    answer: dict[str, Any] = json.loads(reply.raw_content)
-    if answer.get("status") != "ok":
-        raise KernelStartFailed(f"{what} failed: {answer.get('ename')}: {answer.get('evalue')}")
-    return answer
+    """`send_request` in its older spelling, by channel and message name stem (the request
+    without ``_request``); `ValueError` for a stem or channel that is not the protocol's.
+
+    Kept only while gateway/kernel_service.py still calls it so: those two calls become
+    `send_request` with `Request.RELEASE` and `Request.FORGET`, and this goes.
+    """
+    known = {r.value.removesuffix("_request"): r for r in Request}
+    message = known.get(request)
+    if message is None or message.channel != channel:
+        raise ValueError(f"no {request!r} request on the {channel!r} channel in the protocol")
+    return await send_request(context, connection, message, content, timeout, what)

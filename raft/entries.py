@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
+from kernelfleet.protocol import Role
 from kernelfleet.raft.errors import EntryFormatError, EntryTooLarge, InvalidEntry
 
 MAX_ENTRY_BYTES = 256 * 1024
@@ -32,13 +33,6 @@ MAX_ENTRY_BYTES = 256 * 1024
 _PYSYNCOBJ_PICKLE_PROTOCOL = 2
 
 Wire: TypeAlias = tuple[str, int, dict[str, Any]]
-
-
-class Role(enum.StrEnum):
-    """A replica's proposal for a cell: to execute it, or to let another replica."""
-
-    LEAD = "lead"
-    YIELD = "yield"
 
 
 def _text(name: str, value: object) -> str:

@@ -31,6 +31,7 @@ from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Configurable
 
 from kernelfleet.errors import Conflict, InvalidRequest, KernelDead, KernelStartFailed, NotFound
+from kernelfleet.protocol import CONNECTION_KEYS, ReplicaEnv
 
 log = logging.getLogger("kernelfleet.host.replicas")
 
@@ -40,17 +41,6 @@ PORTS_FROM = 20000  # replicas' ZMQ and Raft ports are drawn from here up to the
 ZMQ_PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 PORT_ATTEMPTS = 3  # launches with fresh ports when another process took one first
 PORT_TAKEN = "Address already in use"
-CONNECTION_KEYS = (
-    "transport",
-    "ip",
-    "shell_port",
-    "iopub_port",
-    "stdin_port",
-    "control_port",
-    "hb_port",
-    "key",
-    "signature_scheme",
-)
 # Never handed to kernels: user code must not be able to drive the host agent.
 SCRUBBED_ENV = frozenset({"KERNELFLEET_TOKEN"})
 
@@ -231,9 +221,9 @@ class ReplicaTable:
     """The replicas of one host, by replica id.
 
     ``base_env`` is the environment every kernel inherits (the agent's own, by default) before
-    the request's ``env`` and the ``KERNELFLEET_KERNEL_ID`` / ``KERNELFLEET_REPLICA_ID`` variables
-    are laid over it. ``config_parent`` (the agent application) lets the agent's configuration
-    reach ``KernelManager`` and the kernel provisioners.
+    the request's ``env`` and the `ReplicaEnv` variables are laid over it. ``config_parent``
+    (the agent application) lets the agent's configuration reach ``KernelManager`` and the
+    kernel provisioners.
     """
 
     def __init__(
@@ -471,11 +461,11 @@ class ReplicaTable:
         request = replica.request
         env = {k: v for k, v in self.base_env.items() if k not in SCRUBBED_ENV}
         env.update(request.env)
-        env["KERNELFLEET_KERNEL_ID"] = request.kernel_id
-        env["KERNELFLEET_REPLICA_ID"] = request.replica_id
-        env["KERNELFLEET_REPLICA_DIR"] = str(self.replicas_dir / request.replica_id)
+        env[ReplicaEnv.KERNEL_ID.value] = request.kernel_id
+        env[ReplicaEnv.REPLICA_ID.value] = request.replica_id
+        env[ReplicaEnv.REPLICA_DIR.value] = str(self.replicas_dir / request.replica_id)
         if replica.raft_address:
-            env["KERNELFLEET_RAFT_ADDRESS"] = replica.raft_address
+            env[ReplicaEnv.RAFT_ADDRESS.value] = replica.raft_address
         return env
 
     def _kernel_cwd(self, request: ReplicaRequest) -> Path:

@@ -40,9 +40,11 @@ from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kernelfleet.protocol import ReplicaEnv
+
 log = logging.getLogger("kernelfleet.kernel.gpus")
 
-ENV_VAR = "KERNELFLEET_GPUS"
+ENV_VAR = ReplicaEnv.GPUS.value
 HOST_DEVICE = "cpu"
 MAX_DEPTH = 2
 _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)

@@ -1,17 +1,11 @@
 """ReplicatedKernel: an ipykernel whose namespace follows its kernel's Raft log.
 
-Each replica of a kernel runs this kernel. Until the gateway sends ``kernelfleet_join_request``
-it is a plain IPython kernel. The join (a shell message, so it runs on the main thread, where
-the Raft log's callbacks then arrive) carries::
-
-    {"replica_id", "address": "ip:port", "peers": ["ip:port", ...], "password", "store_root",
-     "forget": [ids of replicas already lost]}
-
-and is answered ``kernelfleet_join_reply`` ``{"status": "ok"}`` once the group has a leader.
-``kernelfleet_membership_request`` ``{"remove": [addresses], "add": [addresses]}`` (control
-channel, so a running cell does not hold it up) changes the group through this member, removals
-first; a replacement replica joins after it was added, with the members as its peers. After
-joining:
+Each replica of a kernel runs this kernel; the messages it answers, their channels and their
+contents are in `kernelfleet.protocol`. Until the gateway sends `Request.JOIN` it is a plain
+IPython kernel. The join (on shell, so it runs on the main thread, where the Raft log's
+callbacks then arrive) is answered once the group has a leader. `Request.MEMBERSHIP` (control,
+so a running cell does not hold it up) changes the group through this member, removals first;
+a replacement replica joins after it was added, with the members as its peers. After joining:
 
 - before it runs a cell, the replica commits a LEAD `Proposal` for it. That records who ran the
   cell and is a barrier: the append returns only once every earlier entry, every earlier
@@ -23,8 +17,7 @@ joining:
   cell runs, the replica waits until no replica owes one (its own publish included), so cell
   N+1 never runs without cell N's state; if the owing replica died before publishing, it waits
   `OWED_DELTA_WAIT` seconds, then goes on from the last committed state and says so.
-  ``kernelfleet_forget_request`` ``{"replicas": [ids]}`` (control) says those replicas are lost,
-  so nobody waits for what they owed;
+  `Request.FORGET` (control) says which replicas are lost, so nobody waits for what they owed;
 - it applies every other replica's `StateDelta` in log order and takes its execution count, so
   whichever replica runs the next cell holds the state of every committed cell.
 
@@ -52,7 +45,21 @@ from kernelfleet.kernels.objectstore import LocalDirectoryStore, ObjectStore
 from kernelfleet.kernels.replica.gpu_binding import GpuBinder, MoveReport
 from kernelfleet.kernels.replica.statesync import NamespaceTracker, apply, encode
 from kernelfleet.kernels.replica.statesync_delta import ApplyFailed, EncodedDelta
-from kernelfleet.raft import KernelLog, NotCommitted, Proposal, Role, StateDelta
+from kernelfleet.protocol import (
+    METADATA_KEY,
+    CellKey,
+    Channel,
+    ErrorName,
+    ForgetContent,
+    JoinContent,
+    MembershipContent,
+    ReplicaEnv,
+    Reply,
+    Request,
+    Role,
+    options_of,
+)
+from kernelfleet.raft import KernelLog, NotCommitted, Proposal, StateDelta
 
 PUBLISH_DEADLINE = 30.0  # seconds to get a cell's delta committed (leader changes included)
 LEAD_DEADLINE = 5.0  # seconds to commit the LEAD proposal before refusing the cell
@@ -95,14 +102,19 @@ class ReplicatedKernel(IPythonKernel):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.shell_handlers["kernelfleet_join_request"] = self.kernelfleet_join_request
-        self.control_handlers["kernelfleet_membership_request"] = self.membership_request
-        self.control_handlers["kernelfleet_forget_request"] = self.forget_request
-        self.control_handlers["kernelfleet_status_request"] = self.status_request
-        self.control_handlers["kernelfleet_release_request"] = self.gpu_release_request
+        handlers = {
+            Request.JOIN: self.join_request,
+            Request.MEMBERSHIP: self.membership_request,
+            Request.FORGET: self.forget_request,
+            Request.STATUS: self.status_request,
+            Request.RELEASE: self.gpu_release_request,
+        }
+        tables = {Channel.SHELL: self.shell_handlers, Channel.CONTROL: self.control_handlers}
+        for request, handler in handlers.items():
+            tables[request.channel][request.value] = handler
         self.gpus = GpuBinder()
-        self.replica_id = os.environ.get("KERNELFLEET_REPLICA_ID", "")
-        self.replica_dir = Path(os.environ.get("KERNELFLEET_REPLICA_DIR", "."))
+        self.replica_id = os.environ.get(ReplicaEnv.REPLICA_ID, "")
+        self.replica_dir = Path(os.environ.get(ReplicaEnv.REPLICA_DIR, "."))
         self.group: _Group | None = None
         self.publishing: asyncio.Future[None] | None = None
         self.owing: set[str] = set()  # replicas whose LEAD awaits their StateDelta
@@ -111,16 +123,16 @@ class ReplicatedKernel(IPythonKernel):
         """(cell, attempt) -> the replica whose LEAD committed first: the cell's executor."""
         self.settled = asyncio.Event()
         self.settled.set()
-        self.raft_port_hold = hold_port(os.environ.get("KERNELFLEET_RAFT_ADDRESS", ""))
+        self.raft_port_hold = hold_port(os.environ.get(ReplicaEnv.RAFT_ADDRESS, ""))
 
     @property
     def user_shell(self) -> Any:
         assert self.shell is not None, "the kernel's shell exists from construction on"
         return self.shell
 
-    async def kernelfleet_join_request(self, stream: Any, ident: Any, parent: dict) -> None:
+    async def join_request(self, stream: Any, ident: Any, parent: dict) -> None:
         """Join the kernel's Raft group; reply once it has a leader (or why it could not)."""
-        content = parent["content"]
+        content: JoinContent = parent["content"]
         try:
             await self._join(content)
             reply: dict[str, Any] = {"status": "ok", "replica_id": self.replica_id}
@@ -128,11 +140,11 @@ class ReplicatedKernel(IPythonKernel):
             self.log.exception("replica %s could not join its group", self.replica_id)
             reply = {"status": "error", "ename": type(e).__name__, "evalue": str(e)}
         assert self.session is not None
-        self.session.send(stream, "kernelfleet_join_reply", reply, parent, ident)
+        self.session.send(stream, Reply.JOIN, reply, parent, ident)
 
     async def membership_request(self, stream: Any, ident: Any, parent: dict) -> None:
         """Remove and add group members (control thread; the log runs on the main loop)."""
-        content = parent["content"]
+        content: MembershipContent = parent["content"]
         group = self.group
         try:
             if group is None:
@@ -146,16 +158,17 @@ class ReplicatedKernel(IPythonKernel):
             self.log.exception("replica %s could not change its group", self.replica_id)
             reply = {"status": "error", "ename": type(e).__name__, "evalue": str(e)}
         assert self.session is not None
-        self.session.send(stream, "kernelfleet_membership_reply", reply, parent, ident)
+        self.session.send(stream, Reply.MEMBERSHIP, reply, parent, ident)
 
     async def forget_request(self, stream: Any, ident: Any, parent: dict) -> None:
         """Stop waiting for deltas owed by replicas the gateway knows are lost (control thread)."""
-        lost = set(parent["content"].get("replicas", []))
+        content: ForgetContent = parent["content"]
+        lost = set(content.get("replicas", []))
         group = self.group
         if group is not None:
             group.loop.call_soon_threadsafe(self._forget, lost)
         assert self.session is not None
-        self.session.send(stream, "kernelfleet_forget_reply", {"status": "ok"}, parent, ident)
+        self.session.send(stream, Reply.FORGET, {"status": "ok"}, parent, ident)
 
     async def status_request(self, stream: Any, ident: Any, parent: dict) -> None:
         """Report this replica's view of its group and of who ran which cell (control)."""
@@ -174,7 +187,7 @@ class ReplicatedKernel(IPythonKernel):
             content["executors"] = [[c, a, r] for (c, a), r in self.cell_leads.items()]
         content["execution_count"] = self.user_shell.execution_count
         assert self.session is not None
-        self.session.send(stream, "kernelfleet_status_reply", content, parent, ident)
+        self.session.send(stream, Reply.STATUS, content, parent, ident)
 
     def _forget(self, lost: set[str]) -> None:
         self.forgotten |= lost
@@ -202,7 +215,7 @@ class ReplicatedKernel(IPythonKernel):
                     await asyncio.sleep(0.2)
         return group.raft.members
 
-    async def _join(self, content: dict[str, Any]) -> None:
+    async def _join(self, content: JoinContent) -> None:
         if self.group is not None:
             raise RuntimeError(f"replica {self.replica_id} has already joined its group")
         self.replica_id = content.get("replica_id") or self.replica_id
@@ -229,21 +242,22 @@ class ReplicatedKernel(IPythonKernel):
 
     async def execute_request(self, stream: Any, ident: Any, parent: dict) -> None:
         group = self.group
-        options = _cell_options(parent)
+        options = options_of(parent.get("metadata"))
         if group is None:
-            self._bind_gpus(tuple(options.get("devices") or ()))
+            self._bind_gpus(tuple(options.get(CellKey.DEVICES) or ()))
             await super().execute_request(stream, ident, parent)
             return
         cell_id = parent["header"]["msg_id"]
-        attempt = int(options.get("attempt", 0))
-        if options.get("role") == "yield":
+        attempt = int(options.get(CellKey.ATTEMPT, 0))
+        if options.get(CellKey.ROLE) == Role.YIELD:
             self._yield(group, cell_id, attempt)
-            self._reply_aborted(stream, ident, parent, {"role": "yield", "attempt": attempt})
+            yielded = {CellKey.ROLE.value: Role.YIELD, CellKey.ATTEMPT.value: attempt}
+            self._reply_aborted(stream, ident, parent, yielded)
             return
         if (cell_id, attempt) in self.cell_leads:
             ran_on = self.cell_leads[(cell_id, attempt)]
             self.log.warning("cell %s already ran on replica %s; not again", cell_id, ran_on)
-            self._reply_aborted(stream, ident, parent, {"duplicate_of": ran_on})
+            self._reply_aborted(stream, ident, parent, {CellKey.DUPLICATE_OF.value: ran_on})
             return
         if self.publishing is not None:
             await self.publishing  # this replica's previous delta goes first
@@ -259,10 +273,10 @@ class ReplicatedKernel(IPythonKernel):
         winner = self.cell_leads.get((cell_id, attempt), self.replica_id)
         if winner != self.replica_id:
             self.log.warning("cell %s already ran on replica %s; not again", cell_id, winner)
-            self._reply_aborted(stream, ident, parent, {"duplicate_of": winner})
+            self._reply_aborted(stream, ident, parent, {CellKey.DUPLICATE_OF.value: winner})
             return
         await self._wait_for_owed_deltas()
-        self._bind_gpus(tuple(options.get("devices") or ()))
+        self._bind_gpus(tuple(options.get(CellKey.DEVICES) or ()))
         await super().execute_request(stream, ident, parent)
         self.publishing = asyncio.ensure_future(self._publish(group, cell_id))
 
@@ -306,7 +320,7 @@ class ReplicatedKernel(IPythonKernel):
             self.log.exception("replica %s could not release its GPUs", self.replica_id)
             reply = {"status": "error", "ename": type(e).__name__, "evalue": str(e)}
         assert self.session is not None
-        self.session.send(stream, "kernelfleet_release_reply", reply, parent, ident)
+        self.session.send(stream, Reply.RELEASE, reply, parent, ident)
 
     async def _release_gpus(self) -> MoveReport:
         return self.gpus.release(self.user_shell.user_ns)
@@ -320,18 +334,18 @@ class ReplicatedKernel(IPythonKernel):
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     def _reply_aborted(self, stream: Any, ident: Any, parent: dict, why: dict[str, Any]) -> None:
-        """Answer a cell this replica does not run, saying `why` under ``kernelfleet``: a
+        """Answer a cell this replica does not run, saying `why` under `METADATA_KEY`: a
         yield (the gateway drops the reply) or a duplicate of a cell that ran already."""
-        content = {"status": "aborted", "execution_count": None, "kernelfleet": why}
+        content = {"status": "aborted", "execution_count": None, METADATA_KEY: why}
         assert self.session is not None
         self.session.send(stream, "execute_reply", content, parent, ident)
 
     def _refuse(self, stream: Any, ident: Any, parent: dict, why: str) -> None:
         content = {
             "status": "error",
-            "ename": "ReplicaIsolated",
+            "ename": ErrorName.REPLICA_ISOLATED,
             "evalue": why,
-            "traceback": [f"ReplicaIsolated: {why}"],
+            "traceback": [f"{ErrorName.REPLICA_ISOLATED}: {why}"],
             "execution_count": self.user_shell.execution_count,
         }
         assert self.session is not None
@@ -400,13 +414,6 @@ class ReplicatedKernel(IPythonKernel):
         except ApplyFailed as e:
             self.log.error("replica %s: entry %d applied in part: %s", self.replica_id, index, e)
         shell.execution_count = entry.execution_count
-
-
-def _cell_options(parent: dict) -> dict[str, Any]:
-    """The gateway's ``kernelfleet`` metadata of an execute_request (role, executor, devices)."""
-    metadata = parent.get("metadata")
-    options = metadata.get("kernelfleet") if isinstance(metadata, dict) else None
-    return options if isinstance(options, dict) else {}
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ import re
 
 import pytest
 
+from kernelfleet.protocol import ErrorName, gpu_request
 from kernelfleet.testing import wait_for
 
 SLEEP = (
@@ -85,7 +86,7 @@ async def test_a_cell_waits_for_a_gpu_visibly_and_an_interrupt_cancels_the_wait(
     wait_for(lambda: metric(fleet, "kernelfleet_queued_cells") == 1, 10, "the cell to queue")
     fleet.api("POST", f"/api/kernels/{kernels[3]}/interrupt", expect=204)
     cancelled = await clients[3].collect(waiting, timeout=10)
-    assert cancelled.reply["ename"] == "KeyboardInterrupt"
+    assert cancelled.reply["ename"] == ErrorName.INTERRUPTED
     for kernel_id in kernels[:3]:
         fleet.api("POST", f"/api/kernels/{kernel_id}/interrupt", expect=204)
     for client, msg_id in zip(clients[:3], busy, strict=True):
@@ -94,7 +95,7 @@ async def test_a_cell_waits_for_a_gpu_visibly_and_an_interrupt_cancels_the_wait(
     assert (await clients[3].execute("print(x)")).stdout == "1\n"
 
     # More GPUs than any host has: refused at once, with the reason.
-    big = clients[3].send("execute_request", {"code": "1"}, metadata={"kernelfleet": {"gpus": 2}})
+    big = clients[3].send("execute_request", {"code": "1"}, metadata=gpu_request(2))
     refused = await clients[3].collect(big, timeout=10)
     assert refused.reply["ename"] == "NoCapacity"
     assert "more GPUs than any host has" in refused.reply["evalue"]

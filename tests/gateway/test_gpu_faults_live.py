@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from kernelfleet.protocol import ErrorName, gpu_request
 from kernelfleet.testing import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
@@ -100,9 +101,7 @@ async def test_a_bad_per_cell_gpu_count_fails_that_cell_at_once_and_the_kernel_g
         (1.5, "InvalidRequest", "not 1.5"),
         (True, "InvalidRequest", "not True"),
     ]:
-        msg_id = client.send("execute_request", {"code": "kept += 1"}, metadata={
-            "kernelfleet": {"gpus": gpus}
-        })  # fmt: skip
+        msg_id = client.send("execute_request", {"code": "kept += 1"}, metadata=gpu_request(gpus))
         result = await client.collect(msg_id, timeout=5)
         assert (result.reply["status"], result.reply["ename"]) == ("error", ename), gpus
         assert complaint in result.reply["evalue"], result.reply["evalue"]
@@ -179,7 +178,7 @@ async def test_the_executors_host_lost_mid_cell_gives_its_gpu_back(replicated):
 
     fleet.signal_host(lost, signal.SIGKILL)
     failed = await client.collect(msg_id, timeout=20)
-    assert (failed.reply["status"], failed.reply["ename"]) == ("error", "ReplicaLost")
+    assert (failed.reply["status"], failed.reply["ename"]) == ("error", ErrorName.REPLICA_LOST)
     wait_for(lambda: sum(committed(fleet).values()) == 0, 5, "the lost cell's GPU to come back")
     assert hosts(fleet)[lost]["state"] == "lost"
 
@@ -243,7 +242,7 @@ async def test_hosts_restarted_with_fewer_gpus_idle_and_under_a_running_cell(pla
     assert (gpus["committed"], gpus["subscribed"]) == (0, 0), gpus
     assert f"host {host_id} no longer reports GPU(s) 1" in fleet.log(), "it vanished bound"
     failed = await client.collect(msg_id, timeout=5)
-    assert failed.reply["ename"] == "ReplicaLost"
+    assert failed.reply["ename"] == ErrorName.REPLICA_LOST
     assert f"last replica died: the agent on {host_id} restarted" in failed.reply["evalue"]
     later = await client.execute("1", timeout=5)
     assert later.reply["ename"] == "KernelDead"
@@ -289,7 +288,7 @@ async def test_a_gpu_vanishing_under_a_running_cell_is_over_committed_until_rele
         assert f"host {big} no longer reports GPU(s) 1" in fleet.log()
         assert_consistent(fleet)
 
-        refused = await other.execute("1", timeout=5, metadata={"kernelfleet": {"gpus": 2}})
+        refused = await other.execute("1", timeout=5, metadata=gpu_request(2))
         assert refused.reply["ename"] == "NoCapacity"
         assert "the largest has 1" in refused.reply["evalue"]
 

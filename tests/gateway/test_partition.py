@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from kernelfleet.protocol import ConnectionInfo, ErrorName, Request
 from kernelfleet.testing import TOKEN, Fleet, descendants, wait_for
 
 pytestmark = pytest.mark.timeout(180)  # about 17 s on 2 cores: not marked slow
@@ -243,13 +244,12 @@ async def replica_status(fleet: Fleet, replica: dict) -> dict:
     """The replica's view of its Raft group and of who ran which cell (control channel)."""
     import zmq.asyncio
 
-    from kernelfleet.gateway.channels import ConnectionInfo
-    from kernelfleet.gateway.replication import ask
+    from kernelfleet.gateway.replication import send_request
 
     info = ConnectionInfo.from_dict(await _connection(fleet, replica))
     context = zmq.asyncio.Context()
     try:
-        return await ask(context, info, "control", "kernelfleet_status", {}, 10, "status")
+        return await send_request(context, info, Request.STATUS, {}, 10, "status")
     finally:
         context.destroy(linger=0)
 
@@ -336,7 +336,7 @@ async def test_a_replica_cut_off_from_raft_cannot_execute_the_majority_goes_on_a
         content, output = await execute_on(fleet, isolated, "x = -1\nprint('ran')", timeout=60)
         refusal = time.monotonic() - asked_at
         assert content["status"] == "error", content
-        assert content["ename"] == "ReplicaIsolated", content
+        assert content["ename"] == ErrorName.REPLICA_ISOLATED, content
         assert output == ""
         behind = await replica_status(fleet, isolated)
         ahead = [await replica_status(fleet, r) for r in majority]
@@ -378,7 +378,7 @@ async def test_a_replica_cut_off_from_raft_cannot_execute_the_majority_goes_on_a
         f" ({'' if was_leader else 'not '}the Raft leader) cut off;"
         f" refused and sent elsewhere {refused_at - cut_at:.1f} s after the cut,"
         f" cell done {done_at - refused_at:.1f} s later ({done_at - cut_at:.1f} s in all);"
-        f" a direct request refused with ReplicaIsolated after {refusal:.1f} s;"
+        f" a direct request refused with {ErrorName.REPLICA_ISOLATED} after {refusal:.1f} s;"
         f" cut lasted {cut_for:.1f} s with every host alive;"
         f" caught up {caught_up_in:.2f} s after the heal"
         f" (applied {behind['raft']['applied']} -> {target})"

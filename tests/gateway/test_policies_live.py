@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from kernelfleet.protocol import gpu_request
 from kernelfleet.testing import TOKEN, Fleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -45,7 +46,7 @@ async def test_reservation_holds_gpus_for_the_kernels_whole_life(reservation_fle
         assert result.reply["status"] == "ok"
         assert result.stdout.strip() == "gpus 0"
         assert sum(committed(fleet).values()) == 1, "still held between cells"
-    other = await client.execute("print(1)", metadata={"kernelfleet": {"gpus": 2}})
+    other = await client.execute("print(1)", metadata=gpu_request(2))
     assert other.reply["status"] == "error"
     assert "held for its whole life" in other.reply["evalue"]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kernelfleet.protocol import ConnectionInfo, ErrorName, Request
 from kernelfleet.testing import wait_for
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -274,8 +275,7 @@ async def replica_status(fleet, replica):
     """A replica's own view of its Raft group and of who ran which cell (control channel)."""
     import zmq.asyncio
 
-    from kernelfleet.gateway.channels import ConnectionInfo
-    from kernelfleet.gateway.replication import ask
+    from kernelfleet.gateway.replication import send_request
     from kernelfleet.kernels.agent.client import HostAgentClient
 
     hosts = {host["id"]: host["address"] for host in fleet.api("GET", "/api/fleet/hosts")}
@@ -284,7 +284,7 @@ async def replica_status(fleet, replica):
     agent.close()
     context = zmq.asyncio.Context()
     try:
-        return await ask(context, info, "control", "kernelfleet_status", {}, 10, "status")
+        return await send_request(context, info, Request.STATUS, {}, 10, "status")
     finally:
         context.destroy(linger=0)
 
@@ -386,7 +386,7 @@ async def test_losing_the_raft_leader_between_cells_and_mid_cell_loses_no_commit
     result = await client.collect(msg_id, timeout=40)
     expected = "['a', 'b']\n" if ran_on_leader else "['a', 'b', 'c']\n"
     if ran_on_leader:
-        assert result.reply["ename"] == "ReplicaLost"
+        assert result.reply["ename"] == ErrorName.REPLICA_LOST
     else:
         assert result.reply["status"] == "ok", "a new leader commits the executor's delta"
     assert (await client.execute("print(log)", timeout=40)).stdout == expected
@@ -418,7 +418,7 @@ async def test_losing_the_executor_mid_cell_then_between_cells_loses_no_state(re
     result = await client.collect(msg_id, timeout=30)
     heard = time.monotonic() - started
     assert result.reply["status"] == "error"
-    assert result.reply["ename"] == "ReplicaLost"
+    assert result.reply["ename"] == ErrorName.REPLICA_LOST
     assert heard < 20, "the client hears of the loss within seconds"
 
     after = await client.execute(CHECK)

@@ -26,6 +26,7 @@ from kernelfleet.errors import (
     KernelStartFailed,
     NotFound,
 )
+from kernelfleet.protocol import CONNECTION_KEYS
 
 from .conftest import (
     REPO_ROOT,
@@ -40,17 +41,6 @@ from .conftest import (
 pytestmark = pytest.mark.timeout(60)
 
 StartAgent = Callable[..., Awaitable[AgentProcess]]
-CONNECTION_KEYS = {
-    "transport",
-    "ip",
-    "shell_port",
-    "iopub_port",
-    "stdin_port",
-    "control_port",
-    "hb_port",
-    "key",
-    "signature_scheme",
-}
 
 
 async def connect(connection: dict[str, Any]) -> AsyncKernelClient:
@@ -166,7 +156,7 @@ async def test_replica_lifecycle(host_agent: StartAgent, tmp_path: Path) -> None
     assert model["kernel_name"] == "python3"
     assert model["state"] == "ready"
     assert model["exit_code"] is None
-    assert set(model["connection"]) == CONNECTION_KEYS
+    assert set(model["connection"]) == set(CONNECTION_KEYS)
     assert model["connection"]["ip"] == "127.0.0.1"
     assert pid_alive(model["pid"])
     assert (agent.state_dir / "replicas" / "r1" / "kernel.log").is_file()

@@ -1,0 +1,289 @@
+"""The wire contract between the gateway, the host agent and the replicas of a kernel.
+
+Everything two kernelfleet processes must spell alike lives here, and nowhere else:
+
+- `Request` / `Reply`: kernelfleet's own Jupyter messages, which the gateway sends a replica
+  on the `Channel` each request names, and the reply each one gets;
+- `Role`: how the gateway tells each replica what to do with a cell (the Raft log records the
+  same roles in its `Proposal` entries);
+- `ErrorName`: the ``ename`` of the error replies kernelfleet itself makes;
+- `METADATA_KEY` and `CellKey`: kernelfleet's options inside an ``execute_request``'s metadata
+  (a cell's GPU request among them) and inside an ``execute_reply``'s content;
+- `ConnectionInfo` and `CONNECTION_KEYS`: where a replica listens, as the host agent reports it
+  and the gateway connects to it;
+- `ReplicaEnv`: the environment variables of a replica's process (the host agent sets them,
+  the replica and the code in it read them).
+
+The values are wire strings: replicas of an older release, stored gateway state, tests and
+clients rely on them, so they never change (tests/test_protocol.py pins them). Members may be
+message values as they are; as keys of a message's dicts, write ``member.value`` (orjson, which
+jupyter_client prefers, refuses keys that are not exactly `str`). This module imports nothing
+from kernelfleet, so that every process and every layer may import it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+
+class Channel(enum.StrEnum):
+    """The Jupyter channels kernelfleet's own requests travel on.
+
+    Shell messages run on a kernel's main thread, one after the other, after the cell that is
+    running; control messages run on the kernel's control thread, even while a cell runs.
+    """
+
+    SHELL = "shell"
+    CONTROL = "control"
+
+
+class Request(enum.StrEnum):
+    """kernelfleet's requests to a replica; each is answered by its `reply` on its `channel`.
+
+    Every reply's content has ``"status"``: ``"ok"``, or ``"error"`` with ``"ename"`` and
+    ``"evalue"`` saying why. What each request carries and its ``"ok"`` reply holds:
+    """
+
+    JOIN = "kernelfleet_join_request"
+    """Gateway -> every replica of a new group (or a newcomer), on shell: join the kernel's
+    Raft group (`JoinContent`). Shell, so that the join runs on the main thread, where the Raft
+    log's callbacks then arrive. Answered once the group has a leader:
+    ``{"status": "ok", "replica_id"}``."""
+
+    MEMBERSHIP = "kernelfleet_membership_request"
+    """Gateway -> one live member, on control: remove, then add, Raft addresses
+    (`MembershipContent`), so that a newcomer can join in place of a lost replica. Control, so
+    that a running cell does not hold it up. Answered ``{"status": "ok", "members":
+    [addresses]}``, the group as that member sees it afterwards."""
+
+    FORGET = "kernelfleet_forget_request"
+    """Gateway -> every live replica, on control: these replicas are lost (`ForgetContent`),
+    so wait no longer for the state they owed. Answered ``{"status": "ok"}``."""
+
+    STATUS = "kernelfleet_status_request"
+    """Operator or test -> a replica, on control, empty content: the replica's view of its
+    group. Answered ``{"status": "ok", "replica_id", "execution_count"}`` and, once it joined,
+    ``"raft": {"address", "leader", "is_leader", "term", "members", "applied"}`` and
+    ``"executors": [[cell_id, attempt, replica_id], ...]`` (who ran which cell)."""
+
+    RELEASE = "kernelfleet_release_request"
+    """Gateway -> a replica that holds GPU memory, on control, empty content: another cell got
+    its devices, so move its tensors to host memory. Answered ``{"status": "ok", "tensors",
+    "modules", "optimizers", "bytes", "seconds", "skipped"}`` (what moved, and what did not)."""
+
+    @property
+    def reply(self) -> Reply:
+        """The message type of this request's answer."""
+        return _REPLIES[self]
+
+    @property
+    def channel(self) -> Channel:
+        """The channel this request is sent, and answered, on."""
+        return _CHANNELS[self]
+
+
+class Reply(enum.StrEnum):
+    """The replies to `Request`, one each (see `Request` for what they hold)."""
+
+    JOIN = "kernelfleet_join_reply"
+    MEMBERSHIP = "kernelfleet_membership_reply"
+    FORGET = "kernelfleet_forget_reply"
+    STATUS = "kernelfleet_status_reply"
+    RELEASE = "kernelfleet_release_reply"
+
+
+_REPLIES: dict[Request, Reply] = {request: Reply[request.name] for request in Request}
+_CHANNELS: dict[Request, Channel] = {
+    Request.JOIN: Channel.SHELL,
+    Request.MEMBERSHIP: Channel.CONTROL,
+    Request.FORGET: Channel.CONTROL,
+    Request.STATUS: Channel.CONTROL,
+    Request.RELEASE: Channel.CONTROL,
+}
+
+
+class JoinContent(TypedDict):
+    """The content of `Request.JOIN`."""
+
+    replica_id: str
+    """The id the gateway knows the replica by."""
+    address: str
+    """``ip:port`` where this replica's Raft log listens (the host agent reserved it)."""
+    peers: list[str]
+    """The Raft addresses of the other members."""
+    password: str
+    """The group's secret: pysyncobj encrypts the group's traffic with it."""
+    store_root: str
+    """Where large values of the namespace are stored (the log holds pointers to them)."""
+    timeout: float
+    """Seconds to wait for the group to have a leader."""
+    forget: list[str]
+    """Replicas already lost: whatever they owed never comes (see `Request.FORGET`)."""
+
+
+class MembershipContent(TypedDict):
+    """The content of `Request.MEMBERSHIP`: Raft addresses, removed first, then added."""
+
+    remove: list[str]
+    add: list[str]
+
+
+class ForgetContent(TypedDict):
+    """The content of `Request.FORGET`."""
+
+    replicas: list[str]
+    """Ids of the replicas lost."""
+
+
+class Role(enum.StrEnum):
+    """What a replica does with a cell: execute it (LEAD), or let another replica (YIELD).
+
+    The gateway sends every cell to every replica of its kernel: with LEAD to the one it chose,
+    with YIELD to the others (`CellKey.ROLE`). Each replica then appends its role to the Raft
+    log as a `Proposal`; the first committed LEAD of a cell names the replica that ran it.
+    """
+
+    LEAD = "lead"
+    YIELD = "yield"
+
+
+class ErrorName(enum.StrEnum):
+    """The ``ename`` of the error ``execute_reply`` messages kernelfleet itself makes.
+
+    The gateway's domain errors (`kernelfleet.errors`) reach a cell under their class name;
+    these are the others.
+    """
+
+    REPLICA_ISOLATED = "ReplicaIsolated"
+    """Replica -> gateway: the replica cannot reach a majority of its group, so it refused the
+    cell rather than run it on stale state. The gateway sends the cell to another replica; the
+    reply never reaches the client."""
+
+    REPLICA_LOST = "ReplicaLost"
+    """Gateway -> client: the replica running the cell was lost; the kernel goes on."""
+
+    KERNEL_UNAVAILABLE = "KernelUnavailable"
+    """Gateway -> client: the kernel was shut down or restarted before the cell was sent."""
+
+    GATEWAY_ERROR = "GatewayError"
+    """Gateway -> client: the gateway failed to run the cell (a bug; its log says more)."""
+
+    INTERRUPTED = "KeyboardInterrupt"
+    """Gateway -> client: the cell was interrupted while it waited in the gateway (IPython's
+    name for an interrupted cell, so clients treat both alike)."""
+
+
+METADATA_KEY = "kernelfleet"
+"""Where kernelfleet's options sit: a dict under this key of an ``execute_request``'s
+metadata, and of an ``execute_reply``'s content."""
+
+
+class CellKey(enum.StrEnum):
+    """The keys of kernelfleet's options of one cell (the dict under `METADATA_KEY`)."""
+
+    GPUS = "gpus"
+    """Client -> gateway, in the execute_request's metadata: how many GPUs this cell needs (a
+    non-negative int; absent: the kernel's own count)."""
+
+    ROLE = "role"
+    """Gateway -> replica: the cell's `Role` for this replica. Replica -> gateway, in the
+    aborted reply of a YIELD: ``"yield"``, so that the gateway drops that reply."""
+
+    EXECUTOR = "executor"
+    """Gateway -> replica: the id of the replica sent the cell with LEAD."""
+
+    ATTEMPT = "attempt"
+    """Gateway -> replica: how many times the cell was sent again (its replica was lost, or
+    isolated, before it began); 0 at first. The YIELD's aborted reply echoes it."""
+
+    DEVICES = "devices"
+    """Gateway -> replica: the GPU ids bound to the cell on the replica's host (empty for a
+    YIELD, and for a cell without GPUs)."""
+
+    DUPLICATE_OF = "duplicate_of"
+    """Replica -> gateway, in an aborted reply: the cell (this attempt) already ran on that
+    replica, so it does not run again."""
+
+
+def gpu_request(gpus: int) -> dict[str, Any]:
+    """The execute_request metadata with which a client asks for `gpus` GPUs for one cell."""
+    return {METADATA_KEY: {CellKey.GPUS.value: gpus}}
+
+
+def options_of(container: object) -> dict[str, Any]:
+    """The kernelfleet options (the dict under `METADATA_KEY`) of a message's metadata or
+    content; empty when there are none, or `container` is not a dict."""
+    options = container.get(METADATA_KEY) if isinstance(container, dict) else None
+    return options if isinstance(options, dict) else {}
+
+
+@dataclass(frozen=True)
+class ConnectionInfo:
+    """Where a kernel replica listens, and the key its messages are signed with.
+
+    The host agent reports it as a dict with `CONNECTION_KEYS` (in each replica model); the
+    gateway reads it with `from_dict` and stores it with `to_dict`.
+    """
+
+    ip: str
+    shell_port: int
+    iopub_port: int
+    stdin_port: int
+    control_port: int
+    hb_port: int
+    key: str
+    transport: str = "tcp"
+    signature_scheme: str = "hmac-sha256"
+
+    @classmethod
+    def from_dict(cls, info: dict[str, Any]) -> ConnectionInfo:
+        """Read a connection dict; keys that are not `CONNECTION_KEYS` are ignored."""
+        return cls(**{name: info[name] for name in CONNECTION_KEYS if name in info})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The connection dict, keys in `CONNECTION_KEYS` order."""
+        return {name: getattr(self, name) for name in CONNECTION_KEYS}
+
+    def url(self, channel: str) -> str:
+        """The ZMQ address of a Jupyter channel (``shell``, ``iopub``, ``stdin``, ``control``,
+        ``hb``)."""
+        port = getattr(self, f"{channel}_port")
+        return f"{self.transport}://{self.ip}:{port}"
+
+
+CONNECTION_KEYS: tuple[str, ...] = (
+    "transport",
+    "ip",
+    "shell_port",
+    "iopub_port",
+    "stdin_port",
+    "control_port",
+    "hb_port",
+    "key",
+    "signature_scheme",
+)
+"""The keys of a connection dict, in the order the host agent writes them."""
+
+
+class ReplicaEnv(enum.StrEnum):
+    """Environment variables of a replica's process: the host agent sets them (but `GPUS`) for
+    the replica, and for the code that runs in it."""
+
+    KERNEL_ID = "KERNELFLEET_KERNEL_ID"
+    """The kernel the replica belongs to."""
+
+    REPLICA_ID = "KERNELFLEET_REPLICA_ID"
+    """The replica's own id (until a join names it)."""
+
+    REPLICA_DIR = "KERNELFLEET_REPLICA_DIR"
+    """A folder of the replica's own on its host (its Raft journal goes there)."""
+
+    RAFT_ADDRESS = "KERNELFLEET_RAFT_ADDRESS"
+    """``ip:port`` reserved for the replica's Raft log; the replica holds the port until it
+    joins. Set only for a replicated kernel."""
+
+    GPUS = "KERNELFLEET_GPUS"
+    """Set by the replica itself, not the agent: the comma-separated ids of the GPUs bound to
+    the running cell, empty between cells (`kernelfleet.kernels.replica.gpu_binding`)."""
