@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernelfleet.protocol import gpu_request
 from kernelfleet.replay.client import GatewayClient, KernelChannel, ReplayError
 from kernelfleet.replay.meter import FleetMeter
 from kernelfleet.replay.plan import ReplayTiming, SessionPlan, cell_code, plan_sessions
@@ -137,7 +138,7 @@ class Replay:
                         # which the simulator takes as free (covered by the lead time)
                         self._late_for_kernel += 1
                 await _sleep_until(submit)
-                metadata = {"kernelfleet": {"gpus": cell.gpus}} if cell.gpus != plan.gpus else None
+                metadata = gpu_request(cell.gpus) if cell.gpus != plan.gpus else None
                 try:
                     cell_timing = await kernel.channel.execute(
                         cell_code(cell.duration_s), metadata, cell.duration_s + self.cell_timeout_s
