@@ -274,8 +274,7 @@ class KernelLink:
 
     async def _dispatch_cell(self, cell: Cell, assignment: Assignment) -> None:
         self.route(cell.id, assignment.replica_id)
-        client: ClientLink = cell.client
-        await client.send_cell(
+        await cell.client.send_cell(
             cell, assignment, [r for r in self.feeds if r != assignment.replica_id]
         )
 

@@ -20,7 +20,7 @@ def host_models(handler: GatewayHandler) -> dict[str, dict[str, Any]]:
         host.id: {
             "id": host.id,
             "address": host.address,
-            "state": host.state.value,
+            "state": host.liveness,
             "gpus": {
                 "total": views[host.id].gpus_total,
                 "subscribed": views[host.id].gpus_subscribed,
@@ -82,7 +82,7 @@ class FleetHostHandler(GatewayHandler):
     def put(self, host_id: str) -> None:
         """A host agent's registration and heartbeat (one idempotent call)."""
         host = self.hosts.report(host_id, self.json_body(), now=time.monotonic())
-        self.write_json({"id": host.id, "state": host.state.value})
+        self.write_json({"id": host.id, "state": host.liveness})
 
 
 class FleetKernelsHandler(GatewayHandler):
