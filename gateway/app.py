@@ -229,17 +229,13 @@ class GatewayApp(Application):
         if policy.replicas == 1 and self.replicas > 1:
             log.info("policy %s runs one replica per kernel: --replicas ignored", self.policy)
             self.replicas = 1
-        self.hosts = HostRegistry(
-            self.token,
-            self.heartbeat_timeout,
-            on_report=lambda host, restarted: self.kernels.on_host_report(host, restarted),
-            on_lost=lambda host: self.kernels.on_host_lost(host),
-        )
+        self.hosts = HostRegistry(self.token, self.heartbeat_timeout)
         replication = ReplicationSettings(
             replicas=self.replicas,
             launch_names=dict(self.replicated_kernelspecs),
             store_root=self.object_store_root,
         )
+        # the kernel service listens to the registry's reports from here on
         self.kernels = KernelService(
             self.hosts,
             policy,
@@ -356,16 +352,9 @@ class GatewayApp(Application):
             min_hosts=autoscaling.min_hosts,
             max_hosts=autoscaling.max_hosts,
             metrics=self.kernels.metrics,
-            forget=self.hosts.forget,
+            hosts=self.hosts,
         )
-
-        def alive() -> set[str]:
-            return {host.id for host in self.hosts.all() if host.alive}
-
-        self.kernels.hosts_pending = lambda: autoscaler.pending(alive())
-        self.kernels.addable_host_size = lambda: autoscaler.addable_host_size(
-            len(alive()) + autoscaler.pending(alive())
-        )
+        self.kernels.grow_with(autoscaler)
         return autoscaler
 
     async def _autoscale(self, autoscaler: Autoscaler, stop: asyncio.Event) -> None:

@@ -13,8 +13,10 @@ Each round (`run_once`) takes a fresh `FleetSnapshot`, asks ``policy.autoscale``
 A decision is acted on only once the policy gave the same kind of decision ``patience`` rounds
 in a row (sustained demand, not a blip), and no sooner than ``cooldown`` seconds after the last
 round that started or stopped a host. Hosts the provider started that the snapshot does not yet
-show alive count as pending; hosts stopped here are shown dead until the snapshot forgets them
-(``forget`` tells the gateway at once; otherwise it notices when their heartbeats stop).
+show alive count as pending. A host it removes is told to the fleet (``hosts``, a
+`HostRetirement`: the gateway's host registry) as it goes: stopping, then forgotten, so the
+fleet's snapshots stop counting it at once. Without ``hosts`` (a snapshot source that cannot be
+told), hosts stopped here are shown dead until the snapshot no longer lists them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kernelfleet.errors import FleetError
 from kernelfleet.gateway.host_provider import HostProvider
@@ -36,6 +38,16 @@ from kernelfleet.scheduler.policy import Policy
 from kernelfleet.scheduler.snapshot import FleetSnapshot
 
 log = logging.getLogger("kernelfleet.gateway.autoscaler")
+
+
+class HostRetirement(Protocol):
+    """Who the autoscaler tells about a host it removes (the gateway's `HostRegistry`)."""
+
+    def stopping(self, host_id: str) -> None:
+        """`host_id` is drained and about to be stopped: it takes no work from now on."""
+
+    def forget(self, host_id: str) -> None:
+        """`host_id` was stopped: drop it now rather than when its heartbeats stop."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +77,7 @@ class Autoscaler:
         min_hosts: int = 0,
         max_hosts: int = 0,
         metrics: FleetMetrics | None = None,
-        forget: Callable[[str], None] | None = None,
+        hosts: HostRetirement | None = None,
     ) -> None:
         if patience < 1 or cooldown < 0 or min_hosts < 0 or max_hosts < 0:
             raise ValueError("patience must be >= 1; cooldown and host limits >= 0")
@@ -81,11 +93,12 @@ class Autoscaler:
         self.min_hosts = min_hosts
         self.max_hosts = max_hosts
         self._metrics = metrics
-        self._forget = forget
+        self._hosts = hosts
         self._lock = asyncio.Lock()
         self._last_action: float | None = None
         self._streak: tuple[type, int] = (Hold, 0)
         self._stopped: set[str] = set()
+        """Hosts stopped here that a snapshot source with no ``hosts`` may still list."""
         self.last_round: AutoscaleRound | None = None
         """The latest round that decided anything but `Hold`."""
 
@@ -227,7 +240,8 @@ class Autoscaler:
             if why:
                 skipped.append((host_id, why))
                 continue
-            self._stopped.add(host_id)
+            if self._hosts is None:
+                self._stopped.add(host_id)
             stopped.append(host_id)
         if stopped:
             log.info("scaled in: stopped %s", ", ".join(stopped))
@@ -268,13 +282,15 @@ class Autoscaler:
         after = self.snapshot().host(host_id)
         if after is not None and (after.replicas > 0 or after.gpus_committed > 0):
             return f"still holds {after.replicas} replica(s) after draining"
+        if self._hosts is not None:
+            self._hosts.stopping(host_id)
         try:
             await self.provider.stop_host(host_id)
         except FleetError as e:
             log.error("host %s was drained but could not be stopped: %s", host_id, e.message)
             return f"stopping failed: {e.message}"
-        if self._forget is not None:
-            self._forget(host_id)
+        if self._hosts is not None:
+            self._hosts.forget(host_id)
         return ""
 
 

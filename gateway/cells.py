@@ -15,18 +15,56 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import json
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 from kernelfleet.errors import FleetError, InvalidRequest
 from kernelfleet.gateway.framing import ClientMessage
+from kernelfleet.gateway.states import Transitions, check_transition
 from kernelfleet.protocol import METADATA_KEY, CellKey, ErrorName, options_of
 
 log = logging.getLogger("kernelfleet.gateway.cells")
+
+
+class CellOutcome(enum.Enum):
+    """How a cell's run on its replica ended (`Cell.ended`); PENDING until it does.
+
+    The values are the ``execute_reply`` statuses where there is one."""
+
+    PENDING = "pending"
+    OK = "ok"
+    ERROR = "error"
+    ABORTED = "aborted"
+    IDLE = "idle"
+    """Its replica went idle after beginning it (its reply may follow)."""
+    LOST = "lost"
+    """Its replica was lost while it ran."""
+    RETRY = "retry"
+    """Its replica could not run it (lost before it began, or cut off from its group): it is
+    sent again elsewhere, and becomes PENDING again (`Cell.reopen`)."""
+
+    @classmethod
+    def of_reply(cls, status: str) -> CellOutcome:
+        """The outcome an ``execute_reply`` status stands for; a status Jupyter
+        does not define ends the cell as OK does (nothing but ``error`` stops later cells)."""
+        try:
+            outcome = cls(status)
+        except ValueError:
+            return cls.OK
+        return cls.OK if outcome is cls.PENDING else outcome
+
+
+_ENDS = frozenset(CellOutcome) - {CellOutcome.PENDING}
+CELL_TRANSITIONS: Transitions[CellOutcome] = {
+    CellOutcome.PENDING: _ENDS,
+    CellOutcome.RETRY: frozenset({CellOutcome.PENDING}),
+    **{outcome: frozenset() for outcome in _ENDS - {CellOutcome.RETRY}},
+}
 
 
 @dataclass(frozen=True)
@@ -41,21 +79,35 @@ class Assignment:
     release: Callable[[], None] = field(default=lambda: None, compare=False)
 
 
+class CellClient(Protocol):
+    """The client a cell came from (a `ClientLink`): what the queue and the executor
+    chooser tell it, and how the cell is sent."""
+
+    def show_cell_status(self, cell: Cell, text: str) -> None:
+        """Show `text` in the output of a cell that waits in the gateway."""
+
+    def end_unsent_cell(self, cell: Cell, ename: str, why: str) -> None:
+        """Answer a cell that never ran: an error reply (aborted for ``ename == "aborted"``)."""
+
+    async def send_cell(self, cell: Cell, assignment: Assignment, yielders: list[str]) -> None:
+        """Send `cell` to its assigned replica, and as a yield to `yielders`."""
+
+
 @dataclass
 class Cell:
     """One ``execute_request`` from one client, from arrival to its end."""
 
     message: ClientMessage
-    client: Any
-    """The `ClientLink` it came from (and whose sockets it is sent through)."""
+    client: CellClient
+    """The client it came from (and whose sockets it is sent through)."""
     gpus: int | None
     """The cell's own GPU need (`CellKey.GPUS` in the execute_request metadata), or None."""
     stop_on_error: bool
     received_at: float
     started: asyncio.Future[Assignment] = field(default_factory=asyncio.Future)
-    ended: asyncio.Future[str] = field(default_factory=asyncio.Future)
-    """Resolves to the reply's status ("ok", "error", "aborted"), "idle", "lost" (its replica
-    was lost while it ran) or "retry" (its replica was lost before the cell began)."""
+    ended: asyncio.Future[CellOutcome] = field(default_factory=asyncio.Future)
+    """Resolves to its `outcome` once it is no longer PENDING (see `end`)."""
+    outcome: CellOutcome = CellOutcome.PENDING
     attempt: int = 0
     """Raised each time the cell is sent again because its replica was lost before it began."""
     running: bool = False
@@ -71,6 +123,20 @@ class Cell:
     def say(self, text: str) -> None:
         """Show `text` in the cell's output (why it waits); replaces what was said before."""
         self.client.show_cell_status(self, text)
+
+    def end(self, outcome: CellOutcome) -> None:
+        """End this run with `outcome` and resolve `ended`. Callers check `ended` first: a
+        cell ends once per run (`IllegalTransition` otherwise, naming the cell)."""
+        self._move_to(outcome)
+        self.ended.set_result(outcome)
+
+    def reopen(self) -> None:
+        """A RETRY cell is sent again: PENDING, with a fresh `ended`."""
+        self._move_to(CellOutcome.PENDING)
+        self.ended = asyncio.get_running_loop().create_future()
+
+    def _move_to(self, outcome: CellOutcome) -> None:
+        self.outcome = check_transition(CELL_TRANSITIONS, f"cell {self.id}", self.outcome, outcome)
 
 
 Assign = Callable[[Cell], Awaitable[Assignment]]
@@ -134,24 +200,24 @@ class CellQueue:
         while self._waiting:
             self._end_unsent(self._waiting.popleft(), ErrorName.INTERRUPTED, why)
 
-    def finish(self, cell_id: str, status: str, replica_id: str | None = None) -> None:
-        """The cell `cell_id` ended with `status` (on `replica_id`, if given); ignored if it is
-        not the running cell, or ran elsewhere."""
+    def finish(self, cell_id: str, outcome: CellOutcome, replica_id: str | None = None) -> None:
+        """The cell `cell_id` ended with `outcome` on `replica_id`, if given; ignored if it is
+        not the running cell, ran elsewhere, or ended already."""
         cell, assignment = self.current, self.current_assignment
         if cell is None or cell.id != cell_id or assignment is None:
             return
         if replica_id is not None and replica_id != assignment.replica_id:
             return
         if not cell.ended.done():
-            cell.ended.set_result(status)
+            cell.end(outcome)
 
     def finish_idle(self, cell_id: str, replica_id: str) -> None:
         """The replica of `cell_id` went idle: the cell ended if the replica had begun it
         (a replica that refused it goes idle too, and its reply says what comes next)."""
         if self.current is not None and self.current.id == cell_id and self.current.running:
-            self.finish(cell_id, "idle", replica_id)
+            self.finish(cell_id, CellOutcome.IDLE, replica_id)
 
-    def client_gone(self, client: Any) -> None:
+    def client_gone(self, client: CellClient) -> None:
         """A client closed: its waiting cells are dropped, and its current cell, if not begun,
         ends (nobody would hear its reply)."""
         for waiting in [c for c in self._waiting if c.client is client]:
@@ -161,7 +227,7 @@ class CellQueue:
             if self._assigning is not None:
                 self._assigning.cancel()
             elif not current.ended.done():
-                current.ended.set_result("aborted")
+                current.end(CellOutcome.ABORTED)
 
     def mark_running(self, cell_id: str, replica_id: str) -> None:
         cell, assignment = self.current, self.current_assignment
@@ -178,9 +244,9 @@ class CellQueue:
         if cell is None or assignment is None or assignment.replica_id != replica_id:
             return None
         if cell.running:
-            self.finish(cell.id, "lost")
+            self.finish(cell.id, CellOutcome.LOST)
             return None
-        self.finish(cell.id, "retry")
+        self.finish(cell.id, CellOutcome.RETRY)
         return cell.id
 
     @contextlib.asynccontextmanager
@@ -248,7 +314,7 @@ class CellQueue:
                 status = await cell.ended
             finally:
                 assignment.release()
-            if status != "retry":
+            if status is not CellOutcome.RETRY:
                 break
             log.warning(
                 "kernel %s: cell %s could not run on %s; sent again",
@@ -256,9 +322,9 @@ class CellQueue:
             )  # fmt: skip
             cell.excluded.add(assignment.replica_id)
             cell.attempt += 1
-            cell.ended = asyncio.get_running_loop().create_future()
+            cell.reopen()
             self.current_assignment = None
-        if status == "error" and cell.stop_on_error:
+        if status is CellOutcome.ERROR and cell.stop_on_error:
             for later in [c for c in self._waiting if c.client is cell.client and c.stop_on_error]:
                 self._waiting.remove(later)
                 self._end_unsent(later, "aborted", "")
@@ -266,5 +332,5 @@ class CellQueue:
     def _end_unsent(self, cell: Cell, ename: str, why: str) -> None:
         """Answer a cell that never reached a replica: an error (or aborted) reply, then idle."""
         if not cell.ended.done():
-            cell.ended.set_result("aborted" if ename == "aborted" else "error")
+            cell.end(CellOutcome.ABORTED if ename == "aborted" else CellOutcome.ERROR)
         cell.client.end_unsent_cell(cell, ename, why)

@@ -26,7 +26,15 @@ import zmq.asyncio
 from jupyter_client.session import Session
 
 from kernelfleet.errors import InvalidRequest, KernelDead, KernelStartFailed
-from kernelfleet.gateway.cells import Assign, Assignment, Cell, CellQueue, cell_gpus, stops_on_error
+from kernelfleet.gateway.cells import (
+    Assign,
+    Assignment,
+    Cell,
+    CellOutcome,
+    CellQueue,
+    cell_gpus,
+    stops_on_error,
+)
 from kernelfleet.gateway.framing import (
     DELIMITER,
     ClientMessage,
@@ -259,8 +267,7 @@ class KernelLink:
 
     async def _dispatch_cell(self, cell: Cell, assignment: Assignment) -> None:
         self.route(cell.id, assignment.replica_id)
-        client: ClientLink = cell.client
-        await client.send_cell(
+        await cell.client.send_cell(
             cell, assignment, [r for r in self.feeds if r != assignment.replica_id]
         )
 
@@ -422,14 +429,14 @@ class ClientLink:
             if channel == "stdin":
                 self._stdin_replica = replica_id
             if channel == "shell" and message.msg_type == "execute_reply" and parent:
-                status = _reply_status(message)
-                if status == "yielded":
+                outcome = _reply_outcome(message)
+                if outcome is None:
                     continue  # a YIELD's answer, possibly to an earlier attempt: never relayed
-                if status == "isolated":
-                    link.cells.finish(parent, "retry", replica_id)
+                if outcome is CellOutcome.RETRY:
+                    link.cells.finish(parent, outcome, replica_id)
                     continue  # the cell goes to another replica; its reply will come from there
                 self._pending.pop(parent, None)
-                link.cells.finish(parent, status, replica_id)
+                link.cells.finish(parent, outcome, replica_id)
             self.deliver(channel, message)
 
 
@@ -450,18 +457,19 @@ def _with_role(
     return [parts[0], parts[1], json.dumps(metadata).encode(), parts[3]]
 
 
-def _reply_status(message: KernelMessage) -> str:
-    """An execute_reply's status; "isolated" for a replica that could not reach its group,
-    "yielded" for a replica's answer to a YIELD."""
+def _reply_outcome(message: KernelMessage) -> CellOutcome | None:
+    """What an execute_reply means for its cell: None for a replica's answer to a YIELD (never
+    relayed), `CellOutcome.RETRY` for a replica that could not reach its group, else the
+    outcome of its status."""
     try:
         content = json.loads(message.raw_content)
         if options_of(content).get(CellKey.ROLE) == Role.YIELD:
-            return "yielded"
+            return None
         if content.get("ename") == ErrorName.REPLICA_ISOLATED:
-            return "isolated"
-        return str(content.get("status", "ok"))
+            return CellOutcome.RETRY
+        return CellOutcome.of_reply(str(content.get("status", "ok")))
     except (ValueError, AttributeError):
-        return "ok"
+        return CellOutcome.OK
 
 
 async def _verified_messages(

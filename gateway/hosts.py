@@ -2,32 +2,53 @@
 
 A host agent registers and heartbeats with one idempotent call (``PUT /api/fleet/hosts/{id}``)
 carrying its GPUs and replicas. A host that misses heartbeats for ``heartbeat_timeout`` seconds is
-LOST; a heartbeat brings it back to ALIVE.
+LOST; a heartbeat brings it back to ALIVE. A host being emptied to be stopped is DRAINING, then
+STOPPING; one dropped on purpose (`HostRegistry.forget`) is GIVEN_UP, and the registry forgets it.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from kernelfleet.errors import InvalidRequest, NotFound
+from kernelfleet.gateway.states import Transitions, check_transition
 from kernelfleet.kernels.agent.client import HostAgentClient
 
 log = logging.getLogger("kernelfleet.gateway.hosts")
 
 
 class HostState(enum.Enum):
+    """A host's life in the gateway.
+
+    Only ALIVE hosts take new replicas and cells. DRAINING, STOPPING and ALIVE hosts heartbeat
+    (`HostRecord.alive`); the admin API and the agents are shown only that, as ``alive`` or
+    ``lost`` (`HostRecord.liveness`).
+    """
+
     ALIVE = "alive"
+    DRAINING = "draining"
+    """Its replicas are being moved away so it can be stopped; it takes no new work."""
+    STOPPING = "stopping"
+    """Drained; its provider is stopping it. It takes no new work."""
     LOST = "lost"
+    """It missed its heartbeats; its replicas were given up for dead. A heartbeat revives it."""
+    GIVEN_UP = "given-up"
+    """Forgotten on purpose (stopped); the registry drops it, a later report registers anew."""
 
 
-_HOST_TRANSITIONS = {
-    HostState.ALIVE: {HostState.LOST},
-    HostState.LOST: {HostState.ALIVE},
+_H = HostState
+HOST_TRANSITIONS: Transitions[HostState] = {
+    _H.ALIVE: frozenset({_H.DRAINING, _H.LOST, _H.GIVEN_UP}),
+    _H.DRAINING: frozenset({_H.ALIVE, _H.STOPPING, _H.LOST, _H.GIVEN_UP}),  # ALIVE: it failed
+    _H.STOPPING: frozenset({_H.LOST, _H.GIVEN_UP}),  # one that cannot be stopped stays closed
+    _H.LOST: frozenset({_H.ALIVE, _H.GIVEN_UP}),
+    _H.GIVEN_UP: frozenset(),
 }
+
+_HEARTBEATING = frozenset({_H.ALIVE, _H.DRAINING, _H.STOPPING})
 
 
 @dataclass
@@ -44,39 +65,54 @@ class HostRecord:
     last_seen: float = 0.0
 
     def move_to(self, state: HostState) -> None:
-        if state not in _HOST_TRANSITIONS[self.state]:
-            raise RuntimeError(
-                f"host {self.id}: illegal transition {self.state.value} -> {state.value}"
-            )
-        self.state = state
+        """Go to `state`; `IllegalTransition` (naming this host) if its table forbids it."""
+        self.state = check_transition(HOST_TRANSITIONS, f"host {self.id}", self.state, state)
 
     @property
     def alive(self) -> bool:
+        """Whether it heartbeats (ALIVE, DRAINING or STOPPING): its agent can be called."""
+        return self.state in _HEARTBEATING
+
+    @property
+    def takes_work(self) -> bool:
+        """Whether new replicas and cells may go there (ALIVE only)."""
         return self.state is HostState.ALIVE
+
+    @property
+    def liveness(self) -> str:
+        """What the admin API and the agent are shown: ``alive`` while it heartbeats, else
+        ``lost`` (draining and stopping are the gateway's own business)."""
+        return (HostState.ALIVE if self.alive else HostState.LOST).value
+
+
+class HostListener(Protocol):
+    """Who applies what hosts report (the gateway's `HostReconciler`)."""
+
+    def on_host_report(self, host: HostRecord, restarted: bool) -> None:
+        """`host` heartbeated; `restarted`: its agent restarted since its last report (its
+        ``instance`` changed), so replicas it no longer lists are gone, not merely unlisted."""
+
+    def on_host_lost(self, host: HostRecord) -> None:
+        """`host` stopped heartbeating, or is being forgotten while it still did."""
 
 
 class HostRegistry:
     """Registered hosts by id. Callers pass ``now`` (monotonic seconds) so tests can drive time."""
 
-    def __init__(
-        self,
-        token: str,
-        heartbeat_timeout: float,
-        on_report: Callable[[HostRecord, bool], None],
-        on_lost: Callable[[HostRecord], None],
-    ) -> None:
+    def __init__(self, token: str, heartbeat_timeout: float) -> None:
         self._token = token
         self._heartbeat_timeout = heartbeat_timeout
-        self._on_report = on_report
-        self._on_lost = on_lost
+        self._listener: HostListener | None = None
         self._hosts: dict[str, HostRecord] = {}
 
-    def report(self, host_id: str, body: dict[str, Any], now: float) -> HostRecord:
-        """Record a heartbeat (the first one registers the host).
+    def listen(self, listener: HostListener) -> None:
+        """Send every later report and loss to `listener` (one; the kernel service sets it
+        when it is built, before any host can report)."""
+        self._listener = listener
 
-        `on_report` gets the host and whether its agent restarted since the last report (its
-        ``instance`` changed): then replicas it no longer lists are gone, not merely unlisted.
-        """
+    def report(self, host_id: str, body: dict[str, Any], now: float) -> HostRecord:
+        """Record a heartbeat (the first one registers the host), then tell the listener
+        (`HostListener.on_report`)."""
         address = body.get("address")
         if not isinstance(address, str) or not address.startswith(("http://", "https://")):
             raise InvalidRequest("a host report needs 'address', the agent's http(s) URL")
@@ -107,7 +143,8 @@ class HostRegistry:
                 "host %s restarted (agent instance %s -> %s)", host_id, host.instance, instance
             )
         host.gpus, host.replicas, host.instance, host.last_seen = gpus, replicas, instance, now
-        self._on_report(host, restarted)
+        if self._listener is not None:
+            self._listener.on_host_report(host, restarted)
         return host
 
     def check_liveness(self, now: float) -> list[HostRecord]:
@@ -115,29 +152,43 @@ class HostRegistry:
         lost = []
         for host in self._hosts.values():
             if host.alive and now - host.last_seen > self._heartbeat_timeout:
-                host.move_to(HostState.LOST)
                 log.error(
                     "host %s missed its heartbeats for %.1f s: marked lost",
                     host.id,
                     now - host.last_seen,
                 )
-                self._on_lost(host)
+                self._lost(host)
                 lost.append(host)
         return lost
 
+    def stopping(self, host_id: str) -> None:
+        """A drained host is about to be stopped (the autoscaler's `HostRetirement`): it stays
+        closed to new work, even if stopping it fails. Ignored unless it is draining."""
+        host = self._hosts.get(host_id)
+        if host is not None and host.state is HostState.DRAINING:
+            host.move_to(HostState.STOPPING)
+
     def forget(self, host_id: str) -> None:
         """Drop a host that was stopped on purpose (scaled in), at once rather than after its
-        heartbeats stop. If it was alive, `on_lost` runs first, so whatever it still held is
-        handled as lost. Unknown ids are ignored: a host is forgotten once."""
+        heartbeats stop: it is GIVEN_UP. If it still heartbeated, the listener's `on_host_lost`
+        runs first, so whatever it still held is handled as lost. Unknown ids are ignored: a
+        host is forgotten once."""
         host = self._hosts.get(host_id)
         if host is None:
             return
         if host.alive:
-            host.move_to(HostState.LOST)
-            self._on_lost(host)
+            self._lost(host)
+        host.move_to(HostState.GIVEN_UP)
         del self._hosts[host_id]
         host.client.close()
         log.info("host %s forgotten: it was stopped", host_id)
+
+    def _lost(self, host: HostRecord) -> None:
+        """LOST (from any heartbeating state), then the listener's `on_host_lost`."""
+        if host.alive:
+            host.move_to(HostState.LOST)
+        if self._listener is not None:
+            self._listener.on_host_lost(host)
 
     def get(self, host_id: str) -> HostRecord:
         try:

@@ -1,42 +1,108 @@
 """The gateway's records of kernels and their replicas, and how kernels replicate.
 
-Plain data with the conversions the APIs and the store need; the behaviour is in
-``kernel_service``.
+Plain data with the conversions the APIs and the store need, and a replica's state machine
+(`ReplicaState`); the behaviour is in ``kernel_service`` and the collaborators it wires.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
+import logging
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from kernelfleet.errors import InvalidRequest
-from kernelfleet.gateway.channels import ConnectionInfo, KernelLink
+from kernelfleet.gateway.channels import KernelLink
+from kernelfleet.gateway.states import Transitions, check_transition
+from kernelfleet.protocol import ConnectionInfo
+
+log = logging.getLogger("kernelfleet.gateway.records")
 
 MODEL_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # jupyter_server needs the microseconds and the Z
 
 
+class ReplicaState(enum.Enum):
+    """A replica as the gateway sees it. The values are what the admin API shows.
+
+    The host agent reports ``starting``, ``ready``, ``restarting``, ``dead`` and ``stopped``
+    (its own `ReplicaState`); the gateway adds ``catching-up``: a replica that joined its
+    kernel's group late and replays the log until it is ``ready``.
+    """
+
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    CATCHING_UP = "catching-up"
+    DEAD = "dead"
+    STOPPED = "stopped"
+
+
+_R = ReplicaState
+REPLICA_TRANSITIONS: Transitions[ReplicaState] = {
+    # A host report may skip states the agent went through between two heartbeats: the
+    # agent's moves (starting -> ready <-> restarting, any -> dead, dead -> restarting) and
+    # their shortcuts. A restart brings a dead replica back.
+    _R.STARTING: frozenset({_R.READY, _R.RESTARTING, _R.DEAD, _R.STOPPED}),
+    _R.READY: frozenset({_R.RESTARTING, _R.DEAD, _R.STOPPED}),
+    _R.RESTARTING: frozenset({_R.READY, _R.DEAD, _R.STOPPED}),
+    _R.CATCHING_UP: frozenset({_R.READY, _R.DEAD}),
+    _R.DEAD: frozenset({_R.RESTARTING, _R.READY, _R.STOPPED}),
+    _R.STOPPED: frozenset({_R.DEAD}),  # its host was lost: the gateway counts it dead
+}
+
+
 @dataclass
 class ReplicaRecord:
-    """One process of a kernel, on one host."""
+    """One process of a kernel, on one host.
+
+    `state` moves only through `move_to` (the gateway's own decisions: a replica lost with its
+    host is ``dead``, a newcomer that caught up is ``ready``) and `update` (what its host
+    reports). A replica created to join a running group starts as ``catching-up``.
+    """
 
     id: str
     host_id: str
     connection: ConnectionInfo
     pid: int | None = None
-    state: str = "starting"
+    state: ReplicaState = ReplicaState.STARTING
     raft_address: str | None = None
 
+    def move_to(self, state: ReplicaState) -> None:
+        """Go to `state`; `IllegalTransition` (naming this replica) if its table forbids it."""
+        self.state = check_transition(REPLICA_TRANSITIONS, f"replica {self.id}", self.state, state)
+
+    @property
+    def dead(self) -> bool:
+        return self.state is ReplicaState.DEAD
+
     def update(self, model: dict[str, Any]) -> None:
-        """Take what the host reports; a replica still catching up stays so until it is dead."""
+        """Take what the host reports; a replica still catching up stays so until it is dead.
+
+        A report is a fact from another process, possibly late: a state the table does not
+        lead to from here (an older heartbeat overtaken by a start call's answer, say) is
+        logged and left for the next report, never raised."""
         self.pid = model.get("pid", self.pid)
-        state = model.get("state", self.state)
-        if self.state != "catching-up" or state == "dead":
-            self.state = state
+        try:
+            reported = ReplicaState(model.get("state", self.state.value))
+        except ValueError:
+            log.warning("replica %s: its host reports an unknown state %r", self.id, model)
+            return
+        if reported is self.state:
+            return
+        if self.state is ReplicaState.CATCHING_UP and reported is not ReplicaState.DEAD:
+            return
+        if reported not in REPLICA_TRANSITIONS[self.state]:
+            log.info(
+                "replica %s: its host reports %s, which does not follow %s: kept %s",
+                self.id, reported.value, self.state.value, self.state.value,
+            )  # fmt: skip
+            return
+        self.state = reported
 
     def fleet_model(self) -> dict[str, Any]:
-        return {"id": self.id, "host": self.host_id, "pid": self.pid, "state": self.state}
+        return {"id": self.id, "host": self.host_id, "pid": self.pid, "state": self.state.value}
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -44,13 +110,19 @@ class ReplicaRecord:
             "host_id": self.host_id,
             "connection": asdict(self.connection),
             "pid": self.pid,
-            "state": self.state,
+            "state": self.state.value,
             "raft_address": self.raft_address,
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> ReplicaRecord:
-        return cls(**{**state, "connection": ConnectionInfo.from_dict(state["connection"])})
+        return cls(
+            **{
+                **state,
+                "connection": ConnectionInfo.from_dict(state["connection"]),
+                "state": ReplicaState(state.get("state", ReplicaState.STARTING.value)),
+            }
+        )
 
 
 @dataclass
@@ -92,9 +164,9 @@ class KernelRecord:
             if (
                 running is not None
                 and model["id"] == running.replica_id
-                and model["state"] == "ready"
+                and model["state"] == ReplicaState.READY.value
             ):
-                model["state"] = "executing"
+                model["state"] = "executing"  # shown only: the replica runs the kernel's cell
         return {
             "id": self.id,
             "name": self.name,
@@ -128,7 +200,19 @@ class KernelRecord:
 
     @property
     def dead(self) -> bool:
-        return bool(self.replicas) and all(replica.state == "dead" for replica in self.replicas)
+        return bool(self.replicas) and all(replica.dead for replica in self.replicas)
+
+    def live_replicas(self) -> list[ReplicaRecord]:
+        """Its replicas that are not dead (catching-up ones included)."""
+        return [replica for replica in self.replicas if not replica.dead]
+
+    def linkable_replicas(self) -> list[ReplicaRecord]:
+        """Its replicas that can answer clients: neither dead nor still catching up."""
+        return [
+            replica
+            for replica in self.replicas
+            if replica.state not in (ReplicaState.DEAD, ReplicaState.CATCHING_UP)
+        ]
 
 
 def gpu_need(env: dict[str, str]) -> int:

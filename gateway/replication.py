@@ -132,25 +132,3 @@ async def send_request(
     if answer.get("status") != "ok":
         raise KernelStartFailed(f"{what} failed: {answer.get('ename')}: {answer.get('evalue')}")
     return answer
-
-
-async def ask(
-    context: zmq.asyncio.Context,
-    connection: ConnectionInfo,
-    channel: str,
-    request: str,
-    content: dict[str, Any],
-    timeout: float,
-    what: str,
-) -> dict[str, Any]:
-    """`send_request` in its older spelling, by channel and message name stem (the request
-    without ``_request``); `ValueError` for a stem or channel that is not the protocol's.
-
-    Kept only while gateway/kernel_service.py still calls it so: those two calls become
-    `send_request` with `Request.RELEASE` and `Request.FORGET`, and this goes.
-    """
-    known = {r.value.removesuffix("_request"): r for r in Request}
-    message = known.get(request)
-    if message is None or message.channel != channel:
-        raise ValueError(f"no {request!r} request on the {channel!r} channel in the protocol")
-    return await send_request(context, connection, message, content, timeout, what)

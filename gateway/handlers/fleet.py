@@ -11,6 +11,7 @@ from typing import Any
 from kernelfleet import __version__
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.gateway.handlers.base import GatewayHandler
+from kernelfleet.gateway.hosts import HostState
 
 
 def host_models(handler: GatewayHandler) -> dict[str, dict[str, Any]]:
@@ -20,7 +21,7 @@ def host_models(handler: GatewayHandler) -> dict[str, dict[str, Any]]:
         host.id: {
             "id": host.id,
             "address": host.address,
-            "state": host.state.value,
+            "state": host.liveness,
             "gpus": {
                 "total": views[host.id].gpus_total,
                 "subscribed": views[host.id].gpus_subscribed,
@@ -46,14 +47,14 @@ def fleet_model(handler: GatewayHandler) -> dict[str, Any]:
     the ``alive`` hosts' (what ``GET /api/fleet/hosts`` lists per host). ``autoscaling`` is the
     autoscaler's `Autoscaler.model`, or None when it does not run (yet)."""
     hosts = list(host_models(handler).values())
-    alive = [host for host in hosts if host["state"] == "alive"]
+    alive = [host for host in hosts if host["state"] == HostState.ALIVE.value]
     return {
         "version": __version__,
         "policy": handler.settings["policy"],
         "replicas": handler.settings["replicas"],
         "hosts": {
             "alive": len(alive),
-            "lost": sum(1 for host in hosts if host["state"] == "lost"),
+            "lost": sum(1 for host in hosts if host["state"] == HostState.LOST.value),
         },
         "gpus": {
             field: sum(host["gpus"][field] for host in alive)
@@ -82,7 +83,7 @@ class FleetHostHandler(GatewayHandler):
     def put(self, host_id: str) -> None:
         """A host agent's registration and heartbeat (one idempotent call)."""
         host = self.hosts.report(host_id, self.json_body(), now=time.monotonic())
-        self.write_json({"id": host.id, "state": host.state.value})
+        self.write_json({"id": host.id, "state": host.liveness})
 
 
 class FleetKernelsHandler(GatewayHandler):

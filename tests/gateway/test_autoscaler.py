@@ -233,3 +233,49 @@ async def test_it_tells_policies_the_hosts_on_their_way_and_whether_more_can_com
     assert scaler.addable_host_size(2) == 4
     assert scaler.addable_host_size(3) == 0, "at max_hosts nothing more can be added"
     assert autoscaler(fleet, provider).addable_host_size(99) == 4, "no limit"
+
+
+class Retirement:
+    """Stands in for the gateway's host registry: records what it is told, in order."""
+
+    def __init__(self, provider: FakeProvider) -> None:
+        self.provider = provider
+        self.told: list[tuple[str, str, tuple[str, ...]]] = []
+
+    def stopping(self, host_id: str) -> None:
+        self.told.append(("stopping", host_id, self.provider.hosts()))
+
+    def forget(self, host_id: str) -> None:
+        self.told.append(("forget", host_id, self.provider.hosts()))
+
+
+async def test_a_fleet_that_can_be_told_hears_stopping_then_forget() -> None:
+    fleet = FakeFleet({"h1": (0, 0)})
+    provider = FakeProvider()
+    await provider.start_host()
+    fleet.hosts["auto-1"] = (0, 0)
+    retirement = Retirement(provider)
+    scaler = autoscaler(fleet, provider, hosts=retirement)
+    assert (await scaler.run_once()).stopped == ("auto-1",)
+    assert retirement.told == [
+        ("stopping", "auto-1", ("auto-1",)),  # before the provider stops it
+        ("forget", "auto-1", ()),
+    ]
+    # the fleet forgets it itself; until it does, its snapshot is taken as it is
+    assert [h.id for h in scaler.snapshot().alive_hosts()] == ["h1", "auto-1"]
+
+
+async def test_a_host_that_cannot_be_stopped_is_not_forgotten() -> None:
+    fleet = FakeFleet({"h1": (0, 0)})
+    provider = FakeProvider()
+    await provider.start_host()
+    fleet.hosts["auto-1"] = (0, 0)
+
+    async def refuse(host_id: str) -> None:
+        raise HostLimitReached("cannot stop")
+
+    provider.stop_host = refuse
+    retirement = Retirement(provider)
+    result = await autoscaler(fleet, provider, hosts=retirement).run_once()
+    assert result.skipped == (("auto-1", "stopping failed: cannot stop"),)
+    assert [event for event, _, _ in retirement.told] == ["stopping"], "it stays closed"

@@ -18,7 +18,7 @@ from kernelfleet.gateway.executors import ExecutorChooser
 from kernelfleet.gateway.framing import ClientMessage
 from kernelfleet.gateway.ledger import GpuLedger
 from kernelfleet.gateway.metrics import FleetMetrics
-from kernelfleet.gateway.records import KernelRecord, ReplicaRecord
+from kernelfleet.gateway.records import KernelRecord, ReplicaRecord, ReplicaState
 from kernelfleet.scheduler import FleetSnapshot
 from kernelfleet.scheduler.policies import NotebookOSPolicy
 
@@ -60,7 +60,7 @@ def fleet():
 
 
 def kernel_on(fleet, name: str, gpus: int) -> KernelRecord:
-    replica = ReplicaRecord(f"{name}-r", "h1", NOWHERE, state="ready")
+    replica = ReplicaRecord(f"{name}-r", "h1", NOWHERE, state=ReplicaState.READY)
     kernel = KernelRecord(id=name, name="python3", env={}, gpus=gpus, replicas=[replica])
     kernel.link = SimpleNamespace(feeds={replica.id: None})  # type: ignore[assignment]
     fleet.ledger.subscribe("h1", name, replica.id, gpus)

@@ -1,0 +1,112 @@
+"""Linking a kernel to its live replicas, and what the link tells the kernel's record.
+
+`KernelLinker.link` builds a kernel's `KernelLink` (its clients' channels to every replica that
+can answer); the link reports back here: IOPub status and executor changes update the
+`KernelRecord`, and a cell's start delay goes to the metrics. `announce` publishes the
+gateway's own status messages (restarting, dead) to the kernel's clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Protocol
+
+import zmq.asyncio
+from jupyter_client.session import Session
+
+from kernelfleet.errors import KernelDead
+from kernelfleet.gateway.cells import Assignment, Cell
+from kernelfleet.gateway.channels import KernelLink
+from kernelfleet.gateway.framing import KernelMessage, kernel_message_from_dict
+from kernelfleet.gateway.metrics import FleetMetrics
+from kernelfleet.gateway.records import KernelRecord
+
+log = logging.getLogger("kernelfleet.gateway.kernels")
+
+
+class CellAssigner(Protocol):
+    """Who chooses where each cell runs (the `ExecutorChooser`)."""
+
+    async def assign(self, kernel: KernelRecord, cell: Cell) -> Assignment:
+        """The replica and GPUs of `cell`, once it may run (see `CellQueue`'s `Assign`)."""
+        ...
+
+
+class KernelLinker:
+    """Links kernels to their replicas; see the module docstring."""
+
+    def __init__(
+        self,
+        context: zmq.asyncio.Context,
+        assigner: CellAssigner,
+        metrics: FleetMetrics,
+        launch_timeout: float,
+    ) -> None:
+        self._context = context
+        self._assigner = assigner
+        self._metrics = metrics
+        self._launch_timeout = launch_timeout
+        self._status_session = Session(username="kernelfleet")
+
+    async def link(self, kernel: KernelRecord, why: str = "the kernel restarted") -> None:
+        """Link the kernel to its live replicas. Clients of the previous link are told `why`
+        for any cell still running, then disconnected so that they reconnect. `KernelDead` if
+        no replica can answer; the kernel is ``idle`` once linked."""
+        if kernel.link is not None:
+            kernel.link.close(why)
+        live = kernel.linkable_replicas()
+        if not live:
+            raise KernelDead(f"kernel {kernel.id} is dead: restart it or shut it down")
+        link = KernelLink(
+            kernel.id,
+            self._context,
+            functools.partial(self._on_iopub, kernel),
+            functools.partial(self._assigner.assign, kernel),
+            self._cell_started,
+        )
+        kernel.link = link
+        # The last executor first: it is the primary, which answers everything but cells.
+        live.sort(key=lambda replica: replica.id != kernel.executor)
+        try:
+            await link.add_replica(live[0].id, live[0].connection, self._launch_timeout)
+            results = await asyncio.gather(
+                *(link.add_replica(r.id, r.connection, self._launch_timeout) for r in live[1:]),
+                return_exceptions=True,
+            )
+        except BaseException:
+            link.close(why)
+            raise
+        for replica, result in zip(live[1:], results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning(
+                    "kernel %s: replica %s is not linked: %s", kernel.id, replica.id, result
+                )
+        kernel.execution_state = "idle"
+
+    def announce(self, kernel: KernelRecord, execution_state: str) -> None:
+        """Publish a status message of the gateway's own to the kernel's clients."""
+        if kernel.link is None:
+            return
+        msg = self._status_session.msg("status", content={"execution_state": execution_state})
+        kernel.link.broadcast("iopub", kernel_message_from_dict(msg))
+
+    def _on_iopub(self, kernel: KernelRecord, replica_id: str, message: KernelMessage) -> None:
+        kernel.last_activity = datetime.now(UTC)
+        if message.msg_type == "status":
+            try:
+                kernel.execution_state = json.loads(message.raw_content)["execution_state"]
+            except (ValueError, KeyError, TypeError):
+                log.warning("kernel %s sent a status message without execution_state", kernel.id)
+        elif message.msg_type == "execute_input":
+            kernel.executor = replica_id
+            if kernel.link is not None:
+                kernel.link.set_primary(replica_id)
+
+    def _cell_started(self, cell: Cell) -> None:
+        """The executor began `cell`: its start delay is the time since the gateway got it."""
+        self._metrics.cell_start_delay.observe(time.monotonic() - cell.received_at)
