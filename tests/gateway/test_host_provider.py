@@ -4,6 +4,8 @@ gateway (subprocesses, real registration and heartbeats)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +16,10 @@ from kernelfleet.errors import HostLimitReached, HostUnavailable, NotFound
 from kernelfleet.gateway.autoscaler import Autoscaler
 from kernelfleet.gateway.host_provider import LocalProcessHostProvider
 from kernelfleet.gateway.metrics import FleetMetrics
+from kernelfleet.gateway.processes import AGENT_RUNTIME_FILE
 from kernelfleet.scheduler import AutoscaleConfig, FleetSnapshot, HostSnapshot, ScaleIn, ScaleOut
 from kernelfleet.scheduler.policies import NotebookOSPolicy
-from kernelfleet.testing import TOKEN, Fleet
+from kernelfleet.testing import TOKEN, Fleet, exited_pid
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
@@ -125,3 +128,21 @@ async def test_a_host_that_cannot_start_is_reported_with_its_log(
     assert provider.hosts() == ()
     with pytest.raises(NotFound):
         await provider.stop_host("auto-1")
+
+
+@pytest.mark.parametrize("writer", ["a killed agent", "a process still running"])
+async def test_a_runtime_file_left_in_the_state_dir_is_not_taken_for_the_new_agent(
+    tmp_path: Path, writer: str
+) -> None:
+    """The new agent fails at start-up; a runtime file already there (an earlier agent's, or
+    one naming a live pid that is not the new agent) must not make it look started."""
+    pid = exited_pid() if writer == "a killed agent" else os.getpid()
+    (tmp_path / "auto-1").mkdir()
+    runtime = {"host_id": "auto-1", "address": "http://127.0.0.1:9", "port": 9, "pid": pid}
+    (tmp_path / "auto-1" / AGENT_RUNTIME_FILE).write_text(json.dumps(runtime))
+    provider = LocalProcessHostProvider(
+        "http://127.0.0.1:9", TOKEN, tmp_path, extra_args=["--port", "99999"]
+    )
+    with pytest.raises(HostUnavailable, match="exited with code"):
+        await provider.start_host()
+    assert provider.hosts() == ()

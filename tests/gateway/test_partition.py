@@ -24,20 +24,16 @@ couple of seconds longer to reconnect.)
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import random
 import secrets
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
 
-from kernelfleet.testing import TOKEN, Fleet, descendants, wait_for
+from kernelfleet.testing import TOKEN, Fleet, descendants, kill_all, wait_for
 
 pytestmark = pytest.mark.timeout(180)  # about 17 s on 2 cores: not marked slow
 
@@ -144,42 +140,22 @@ class Partitioned:
 
 
 def start_host_in(fleet: Fleet, topology: Topology, i: int) -> None:
-    host_id = f"host-{i}"
-    log = (fleet.state_dir / f"{host_id}.log").open("wb")
     address = topology.control_ip(i)
-    fleet.hosts[host_id] = subprocess.Popen(
-        ["ip", "netns", "exec", topology.namespace(i), sys.executable, "-m", "kernelfleet",
-         "host", "--gateway", fleet.url, "--host-id", host_id, "--gpus", "1",
-         "--state-dir", str(fleet.state_dir / host_id), "--ip", address,
-         "--kernel-ip", address, "--raft-ip", topology.raft_ip(i)],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-        env={**os.environ, **fleet.env, "KERNELFLEET_TOKEN": fleet.token,
-             "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,
+    fleet.start_host(
+        f"host-{i}", 1, "--ip", address, "--kernel-ip", address, "--raft-ip", topology.raft_ip(i),
+        launcher=("ip", "netns", "exec", topology.namespace(i)),
     )  # fmt: skip
-    wait_for(lambda: fleet._poll_log(host_id, _NEVER) or fleet.host_state(host_id) == "alive",
-             30, f"host {host_id} (namespace {topology.namespace(i)}) to register")  # fmt: skip
-
-
-class _Never:
-    """A pattern that never matches: `_poll_log` then only checks that the process lives."""
-
-    def search(self, text: str) -> None:
-        return None
-
-
-_NEVER = _Never()
 
 
 @pytest.fixture
 def partitioned(tmp_path) -> Iterator[Partitioned]:
     """A gateway in the root namespace and one host agent in each of 3 namespaces."""
     topology = build_topology()
-    fleet = Fleet(state_dir=tmp_path / "fleet", token=TOKEN, env={})
+    fleet = Fleet(state_dir=tmp_path / "fleet", token=TOKEN, env={}, ip=topology.gateway_ip)
     fleet.state_dir.mkdir()
     below: set[int] = set()
     try:
-        fleet.gateway_args = ("--replicas", "3", "--ip", topology.gateway_ip)
+        fleet.gateway_args = ("--replicas", "3")
         fleet.start_gateway(*fleet.gateway_args)
         for i in range(1, HOSTS + 1):
             start_host_in(fleet, topology, i)
@@ -188,9 +164,7 @@ def partitioned(tmp_path) -> Iterator[Partitioned]:
         for process in fleet.hosts.values():
             below.update(descendants(process.pid))
         fleet.stop()
-        for pid in below:  # replicas that outlived their agent
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(below)  # replicas that outlived their agent
         topology.destroy()
 
 

@@ -26,16 +26,9 @@ from kernelfleet.errors import (
     KernelStartFailed,
     NotFound,
 )
+from kernelfleet.testing import free_port, pid_alive, wait_until
 
-from .conftest import (
-    REPO_ROOT,
-    TOKEN,
-    AgentProcess,
-    GatewayRecorder,
-    free_port,
-    pid_alive,
-    wait_until,
-)
+from .conftest import REPO_ROOT, TOKEN, AgentProcess, GatewayRecorder
 
 pytestmark = pytest.mark.timeout(60)
 
