@@ -3,11 +3,9 @@ gateway (subprocesses, real registration and heartbeats)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,30 +17,15 @@ from kernelfleet.gateway.metrics import FleetMetrics
 from kernelfleet.gateway.processes import AGENT_RUNTIME_FILE
 from kernelfleet.scheduler import AutoscaleConfig, FleetSnapshot, HostSnapshot, ScaleIn, ScaleOut
 from kernelfleet.scheduler.policies import NotebookOSPolicy
-from kernelfleet.testing import TOKEN, Fleet, exited_pid
+from kernelfleet.testing import TOKEN, Fleet, exited_pid, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 
-async def eventually(predicate, within: float, what: str):
-    deadline = time.monotonic() + within
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {within:.0f} s waiting for {what}")
-        await asyncio.sleep(0.1)
-    return value
-
-
 @pytest.fixture
-def small_fleet(tmp_path: Path) -> Iterator[Fleet]:
+def small_fleet(private_fleet: Callable[..., Fleet]) -> Fleet:
     """A gateway that marks a host lost after 1.5 s of silence, and one hand-started host."""
-    fleet = Fleet(state_dir=tmp_path, token=TOKEN, env={})
-    try:
-        fleet.start_gateway("--replicas", "1", "--GatewayApp.heartbeat_timeout=1.5")
-        fleet.start_host("host-1", 1)
-        yield fleet
-    finally:
-        fleet.stop()
+    return private_fleet(hosts=1, gpus=1, gateway_args=["--GatewayApp.heartbeat_timeout=1.5"])
 
 
 def hosts_of(fleet: Fleet) -> dict[str, dict]:
@@ -85,7 +68,7 @@ async def test_the_autoscaler_adds_a_host_under_demand_and_removes_it_when_idle(
         grown = await scaler.run_once()
         assert grown.decision == ScaleOut(1)
         assert grown.started == ("auto-1",)
-        added = await eventually(
+        added = await wait_until(
             lambda: hosts_of(fleet).get("auto-1", {}).get("state") == "alive",
             10,
             "auto-1 to register",
@@ -105,7 +88,7 @@ async def test_the_autoscaler_adds_a_host_under_demand_and_removes_it_when_idle(
         assert drained == ["auto-1"]
         assert provider.hosts() == ()
         assert process.poll() is not None
-        await eventually(
+        await wait_until(
             lambda: hosts_of(fleet)["auto-1"]["state"] == "lost", 10, "auto-1 to be lost"
         )
         assert hosts_of(fleet)["host-1"]["state"] == "alive"
