@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -24,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from kernelfleet.testing import Fleet, wait_for
+from kernelfleet.testing import Fleet, free_port, wait_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = [
@@ -47,12 +46,6 @@ SCREENSHOT = OUTPUT_DIR / "jupyterlab-notebook.png"
 CONSOLE_LOG = SCREENSHOT.parent / "jupyterlab-console.log"
 CODE = "print(sum(range(10**6)), 'from kernelfleet')"
 EXPECTED = "499999500000 from kernelfleet"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

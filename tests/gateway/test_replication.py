@@ -7,11 +7,10 @@ SIGKILL of its agent (its kernels then exit, as ipykernel polls its parent).
 import asyncio
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
-from kernelfleet.testing import wait_for
+from kernelfleet.testing import pid_alive, wait_for, wait_until
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -51,14 +50,6 @@ def replicated(fleet_factory):
     return fleet_factory(hosts=4, gpus=1, replicas=3)
 
 
-def alive(pid):
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 async def test_restart_gives_a_fresh_group_and_shutdown_stops_every_replica(replicated):
     fleet = replicated
     kernel_id = fleet.start_kernel()
@@ -71,14 +62,14 @@ async def test_restart_gives_a_fresh_group_and_shutdown_stops_every_replica(repl
     after = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
     assert len(after) == 3
     assert not {r["id"] for r in after} & {r["id"] for r in before}, "new replicas, new group"
-    wait_for(lambda: not any(alive(r["pid"]) for r in before), 10, "the old replicas to exit")
+    wait_for(lambda: not any(pid_alive(r["pid"]) for r in before), 10, "the old replicas to exit")
     client = await fleet.connect(kernel_id)
     assert (await client.execute("secret")).reply["ename"] == "NameError"
     assert (await client.execute("fresh = 1; print(fresh)")).stdout == "1\n"
     client.close()
 
     fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
-    wait_for(lambda: not any(alive(r["pid"]) for r in after), 10, "every replica to exit")
+    wait_for(lambda: not any(pid_alive(r["pid"]) for r in after), 10, "every replica to exit")
 
 
 CELLS = [
@@ -104,16 +95,6 @@ DIGEST = (
     "print(__import__('kernelfleet.kernels.replica.statesync', fromlist=['namespace_digest'])"
     ".namespace_digest(get_ipython().user_ns, get_ipython().kernel.group.tracker))"
 )
-
-
-async def eventually(check, timeout):
-    """Await `check()` until it is true (then True) or `timeout` seconds passed (then False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await check():
-            return True
-        await asyncio.sleep(0.2)
-    return False
 
 
 async def replica_digest(fleet, replica):
@@ -213,7 +194,7 @@ async def test_an_isolated_replica_refuses_cells_and_a_suspended_one_catches_up(
     async def caught_up():
         return len({await replica_digest(fleet, r) for r in view["replicas"]}) == 1
 
-    assert await eventually(caught_up, 10), "the resumed replica did not catch up"
+    await wait_until(caught_up, 10, "the resumed replica to catch up", interval=0.2)
 
     # The executor cut off from both others cannot run a cell: it refuses, and the gateway
     # sends the cell to another replica, which runs it once the group has a majority again.
