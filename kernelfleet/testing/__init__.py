@@ -11,7 +11,9 @@ Enable with ``pytest_plugins = ["kernelfleet.testing"]``. Fixtures are factories
 The helpers, importable from here: `Fleet` and `start_fleet` (`kernelfleet.testing.fleet`),
 `KernelWebsocket` (`.websocket`), `wait_for` / `wait_until` (`.deadlines`), `free_port`,
 `descendants`, `exited_pid`, `kill_all` (`.processes`), `percentile` (`.stats`), and
-`pid_alive`, which is production's own (`kernelfleet.gateway.processes`).
+`pid_alive`, which is production's own (`kernelfleet.gateway.processes`). Helpers that reach one
+replica past the gateway (a cell, its status, its namespace digest) are in
+`kernelfleet.testing.replicas`, imported by the tests that need them.
 """
 
 from __future__ import annotations

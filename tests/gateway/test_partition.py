@@ -34,6 +34,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from kernelfleet.testing import TOKEN, Fleet, descendants, kill_all, wait_for
+from kernelfleet.testing.replicas import (
+    agreed_executors,
+    execute_on,
+    replica_digest,
+    replica_status,
+)
 
 pytestmark = pytest.mark.timeout(180)  # about 17 s on 2 cores: not marked slow
 
@@ -168,81 +174,6 @@ def partitioned(tmp_path) -> Iterator[Partitioned]:
         topology.destroy()
 
 
-# ---- talking to one replica directly (its own ZMQ channels, reached over the control bridge) --
-
-DIGEST = (
-    "print(__import__('kernelfleet.kernels.replica.statesync', fromlist=['namespace_digest'])"
-    ".namespace_digest(get_ipython().user_ns, get_ipython().kernel.group.tracker))"
-)
-
-
-async def _connection(fleet: Fleet, replica: dict) -> dict:
-    from kernelfleet.kernels.agent.client import HostAgentClient
-
-    hosts = {host["id"]: host["address"] for host in fleet.api("GET", "/api/fleet/hosts")}
-    agent = HostAgentClient(hosts[replica["host"]], fleet.token)
-    try:
-        return (await agent.get_replica(replica["id"]))["connection"]
-    finally:
-        agent.close()
-
-
-async def execute_on(fleet: Fleet, replica: dict, code: str, timeout: float = 30):
-    """Run `code` on one replica, bypassing the gateway; returns (reply content, stdout)."""
-    from jupyter_client.asynchronous import AsyncKernelClient
-
-    client = AsyncKernelClient()
-    client.load_connection_info(await _connection(fleet, replica))
-    client.start_channels()
-    try:
-        output: list[str] = []
-
-        def hook(msg: dict) -> None:
-            if msg["header"]["msg_type"] == "stream":
-                output.append(msg["content"]["text"])
-
-        reply = await client.execute_interactive(code, timeout=timeout, output_hook=hook)
-        return reply["content"], "".join(output)
-    finally:
-        client.stop_channels()
-
-
-async def replica_digest(fleet: Fleet, replica: dict) -> str:
-    content, output = await execute_on(fleet, replica, DIGEST)
-    assert content["status"] == "ok", content
-    return output.strip()
-
-
-async def replica_status(fleet: Fleet, replica: dict) -> dict:
-    """The replica's view of its Raft group and of who ran which cell (control channel)."""
-    import zmq.asyncio
-
-    from kernelfleet.gateway.channels import ConnectionInfo
-    from kernelfleet.gateway.replication import ask
-
-    info = ConnectionInfo.from_dict(await _connection(fleet, replica))
-    context = zmq.asyncio.Context()
-    try:
-        return await ask(context, info, "control", "kernelfleet_status", {}, 10, "status")
-    finally:
-        context.destroy(linger=0)
-
-
-async def executors_of(fleet: Fleet, replicas: list[dict], cells: set[str], timeout: float = 20):
-    """{cell: executor} once every one of `replicas` records all `cells` and they agree."""
-    views: list[dict] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        views = []
-        for replica in replicas:
-            status = await replica_status(fleet, replica)
-            views.append({cell: who for cell, _, who in status["executors"] if cell in cells})
-        if all(len(view) == len(cells) for view in views) and all(v == views[0] for v in views):
-            return views[0]
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"the replicas disagree or miss cells: {views}")
-
-
 def _assert_every_host_alive(fleet: Fleet) -> None:
     """The cut is Raft-only: the gateway still hears every host and keeps every replica."""
     states = {h["id"]: h["state"] for h in fleet.api("GET", "/api/fleet/hosts")}
@@ -302,7 +233,7 @@ async def test_a_replica_cut_off_from_raft_cannot_execute_the_majority_goes_on_a
         assert second.reply["status"] == "ok", second.reply
         assert second.stdout == f"3 6 {sum(range(300_000))}\n"
         cells = {during, after}
-        agreed = await executors_of(fleet, majority, cells)
+        agreed = await agreed_executors(fleet, lambda: majority, cells, timeout=20)
         assert isolated["id"] not in agreed.values(), agreed
 
         # Asked directly, the isolated replica refuses: it cannot commit its LEAD.
@@ -341,7 +272,7 @@ async def test_a_replica_cut_off_from_raft_cannot_execute_the_majority_goes_on_a
     caught_up_in = time.monotonic() - healed_at
     digests = {r["id"]: await replica_digest(fleet, r) for r in [isolated, *majority]}
     assert len(set(digests.values())) == 1, digests
-    agreed_by_all = await executors_of(fleet, replicas, cells)
+    agreed_by_all = await agreed_executors(fleet, lambda: replicas, cells, timeout=20)
     assert agreed_by_all == agreed, "the healed replica learned who ran the cells of the cut"
     final = await client.execute("print(x, items, int(big.sum()))", timeout=30)
     assert final.stdout == f"3 ['a', 'cut'] {sum(range(300_000))}\n", final.reply

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from kernelfleet.testing import pid_alive, wait_for, wait_until
+from kernelfleet.testing.replicas import agreed_executors, replica_digest, replica_status
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -91,34 +92,6 @@ CELLS = [
     "big = np.ones(300_000)",
     "del big",
 ]
-DIGEST = (
-    "print(__import__('kernelfleet.kernels.replica.statesync', fromlist=['namespace_digest'])"
-    ".namespace_digest(get_ipython().user_ns, get_ipython().kernel.group.tracker))"
-)
-
-
-async def replica_digest(fleet, replica):
-    """Ask one replica directly (its own ZMQ channels, connection info from its host agent)."""
-    from jupyter_client.asynchronous import AsyncKernelClient
-
-    from kernelfleet.kernels.agent.client import HostAgentClient
-
-    hosts = {host["id"]: host["address"] for host in fleet.api("GET", "/api/fleet/hosts")}
-    agent = HostAgentClient(hosts[replica["host"]], fleet.token)
-    info = (await agent.get_replica(replica["id"]))["connection"]
-    agent.close()
-    client = AsyncKernelClient()
-    client.load_connection_info(info)
-    client.start_channels()
-    try:
-        output = []
-        reply = await client.execute_interactive(
-            DIGEST, timeout=30, output_hook=lambda m: output.append(m["content"].get("text", ""))
-        )
-        assert reply["content"]["status"] == "ok", reply["content"]
-        return "".join(output).strip()
-    finally:
-        client.stop_channels()
 
 
 async def test_replicas_hold_equal_namespaces_after_many_cells(replicated):
@@ -215,7 +188,7 @@ async def test_an_isolated_replica_refuses_cells_and_a_suspended_one_catches_up(
     result = await client.collect(msg_id, timeout=30)
     assert result.reply["status"] == "ok", result.reply
     assert (await client.execute("print(n)", timeout=30)).stdout == "1000\n"
-    executors = await agreed_executors(fleet, kernel_id, {msg_id})
+    executors = await agreed_executors(fleet, live_replicas(fleet, kernel_id), {msg_id})
     assert executors[msg_id] != executor["id"], "the isolated replica did not run it"
     client.close()
     fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
@@ -251,41 +224,14 @@ async def test_a_replica_migrates_to_a_named_host_and_the_kernel_keeps_its_state
     fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 
-async def replica_status(fleet, replica):
-    """A replica's own view of its Raft group and of who ran which cell (control channel)."""
-    import zmq.asyncio
+def live_replicas(fleet, kernel_id):
+    """A function that lists the replicas of `kernel_id` running at the time it is called."""
 
-    from kernelfleet.gateway.channels import ConnectionInfo
-    from kernelfleet.gateway.replication import ask
-    from kernelfleet.kernels.agent.client import HostAgentClient
-
-    hosts = {host["id"]: host["address"] for host in fleet.api("GET", "/api/fleet/hosts")}
-    agent = HostAgentClient(hosts[replica["host"]], fleet.token)
-    info = ConnectionInfo.from_dict((await agent.get_replica(replica["id"]))["connection"])
-    agent.close()
-    context = zmq.asyncio.Context()
-    try:
-        return await ask(context, info, "control", "kernelfleet_status", {}, 10, "status")
-    finally:
-        context.destroy(linger=0)
-
-
-async def agreed_executors(fleet, kernel_id, cells, timeout=15):
-    """Wait until every live replica records an executor for each of `cells` and all agree;
-    returns {cell: executor}."""
-    views = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def running():
         replicas = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
-        live = [r for r in replicas if r["state"] in ("ready", "executing")]
-        views = []
-        for replica in live:
-            status = await replica_status(fleet, replica)
-            views.append({cell: who for cell, attempt, who in status["executors"] if cell in cells})
-        if all(len(view) == len(cells) for view in views) and all(v == views[0] for v in views):
-            return views[0]
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"the replicas disagree or miss cells: {views}")
+        return [r for r in replicas if r["state"] in ("ready", "executing")]
+
+    return running
 
 
 async def test_concurrent_cells_on_several_kernels_each_run_once_on_one_agreed_replica(replicated):
@@ -303,7 +249,7 @@ async def test_concurrent_cells_on_several_kernels_each_run_once_on_one_agreed_r
         assert [r.stdout for r in results] == [f"k{k} c{n}\n" for n in range(5)], "once each"
         counts = [r.reply["execution_count"] for r in results]
         assert counts == list(range(counts[0], counts[0] + 5)), "one count per cell, in order"
-        executors = await agreed_executors(fleet, kernel_ids[k], set(sent))
+        executors = await agreed_executors(fleet, live_replicas(fleet, kernel_ids[k]), set(sent))
         replicas = {
             r["id"] for r in fleet.api("GET", f"/api/fleet/kernels/{kernel_ids[k]}")["replicas"]
         }
