@@ -7,25 +7,22 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.request
 
 import pytest
 from jupyter_server.gateway.gateway_client import GatewayClient
 
-from kernelfleet.testing import KernelWebsocket, descendants, free_port, pid_alive, wait_for
+from kernelfleet.testing import (
+    KernelWebsocket,
+    call_json,
+    descendants,
+    free_port,
+    pid_alive,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 UP_LINE = re.compile(r"kernelfleet is up: (?P<url>http://\S+) token=(?P<token>\S+)")
-
-
-def call(url: str, token: str, method: str, path: str, body: dict | None = None) -> dict:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(
-        url + path, data=data, method=method, headers={"Authorization": f"token {token}"}
-    )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +69,11 @@ async def test_up_runs_a_cell_through_jupyter_server_then_stops_cleanly(up, jp_f
     client.close()
     await jp_fetch("api", "kernels", kernel["id"], method="DELETE")
 
-    left_running = call(url, token, "POST", "/api/kernels", {"name": "python3"})
-    replica = call(url, token, "GET", f"/api/fleet/kernels/{left_running['id']}")["replicas"][0]
+    status, left_running = call_json(url + "/api/kernels", "POST", token, {"name": "python3"})
+    assert status == 201, left_running
+    status, view = call_json(url + f"/api/fleet/kernels/{left_running['id']}", token=token)
+    assert status == 200, view
+    replica = view["replicas"][0]
     family = descendants(process.pid)
     assert replica["pid"] in family
     assert len(family) >= 5, f"expected a gateway, 3 hosts and a kernel, found {family}"

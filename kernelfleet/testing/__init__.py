@@ -8,12 +8,18 @@ Enable with ``pytest_plugins = ["kernelfleet.testing"]``. Fixtures are factories
 - ``private_fleet(...)`` (same arguments) starts a fleet stopped at the end of the test, for tests
   that break it or configure the gateway their own way.
 
-The helpers, importable from here: `Fleet` and `start_fleet` (`kernelfleet.testing.fleet`),
-`KernelWebsocket` (`.websocket`), `wait_for` / `wait_until` (`.deadlines`), `free_port`,
-`descendants`, `exited_pid`, `kill_all` (`.processes`), `percentile` (`.stats`), and
-`pid_alive`, which is production's own (`kernelfleet.gateway.processes`). Helpers that reach one
-replica past the gateway (a cell, its status, its namespace digest) are in
-`kernelfleet.testing.replicas`, imported by the tests that need them.
+The helpers, importable from here:
+
+- `Fleet`, `start_fleet`, `TOKEN` (`kernelfleet.testing.fleet`): a fleet's processes and API;
+- `KernelWebsocket`, `Reply` (`.websocket`): a kernel client over the gateway's websocket;
+- `call_json` (`.http`): one call to a token-protected JSON API;
+- `wait_for`, `wait_until` (`.deadlines`): poll a condition until a deadline, sync or async;
+- `free_port`, `descendants`, `exited_pid`, `kill_all` (`.processes`): ports and process trees;
+- `percentile` (`.stats`): the benchmarks' nearest-rank percentile;
+- `pid_alive`: production's own (`kernelfleet.gateway.processes`), as tests must use it.
+
+Helpers that reach one replica past the gateway (a cell, its status, its namespace digest) are
+in `kernelfleet.testing.replicas`, imported by the tests that need them.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import pytest
 from kernelfleet.gateway.processes import pid_alive
 from kernelfleet.testing.deadlines import wait_for, wait_until
 from kernelfleet.testing.fleet import TOKEN, Fleet, start_fleet
+from kernelfleet.testing.http import call_json
 from kernelfleet.testing.processes import descendants, exited_pid, free_port, kill_all
 from kernelfleet.testing.stats import percentile
 from kernelfleet.testing.websocket import V1_PROTOCOL, KernelWebsocket, Reply
@@ -36,6 +43,7 @@ __all__ = [
     "Fleet",
     "KernelWebsocket",
     "Reply",
+    "call_json",
     "descendants",
     "exited_pid",
     "fleet",

@@ -8,7 +8,6 @@ it alive. Each process logs to ``<state_dir>/<label>.log`` (appended across rest
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -28,6 +27,7 @@ from kernelfleet.gateway.processes import (
     terminate,
 )
 from kernelfleet.testing.deadlines import wait_for
+from kernelfleet.testing.http import call_json
 from kernelfleet.testing.processes import descendants, free_port, kill_all
 from kernelfleet.testing.websocket import KernelWebsocket
 
@@ -67,13 +67,9 @@ class Fleet:
 
     def _gateway_answers(self) -> bool:
         self.check_running("gateway")
-        request = urllib.request.Request(
-            self.url + "/api/fleet/hosts", headers={"Authorization": f"token {self.token}"}
-        )
         try:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                return bool(response.status == 200)
-        except (OSError, urllib.error.URLError):
+            return call_json(self.url + "/api/fleet/hosts", token=self.token, timeout=5)[0] == 200
+        except OSError:
             return False
 
     def start_host(
@@ -112,18 +108,7 @@ class Fleet:
         self, method: str, path: str, body: Any = None, token: str | None = None
     ) -> tuple[int, Any]:
         """Call the gateway; returns (status, parsed JSON body or None). Never raises on 4xx/5xx."""
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"}
-        token = self.token if token is None else token
-        if token:
-            headers["Authorization"] = f"token {token}"
-        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                status, raw = response.status, response.read()
-        except urllib.error.HTTPError as e:
-            status, raw = e.code, e.read()
-        return status, (json.loads(raw) if raw else None)
+        return call_json(self.url + path, method, self.token if token is None else token, body)
 
     def request_text(self, method: str, path: str) -> str:
         """Call the gateway with the token; the body as text (``/metrics``), 200 expected."""
