@@ -22,11 +22,8 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import secrets
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,7 +38,17 @@ from typing import Any
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.websocket import websocket_connect
 
-from kernelfleet.testing import V1_PROTOCOL, Fleet, KernelWebsocket, start_fleet
+from kernelfleet.gateway.processes import kill_group, terminate
+from kernelfleet.testing import (
+    V1_PROTOCOL,
+    Fleet,
+    KernelWebsocket,
+    descendants,
+    free_port,
+    kill_all,
+    percentile,
+    start_fleet,
+)
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
@@ -118,12 +125,6 @@ class Endpoint:
 # ---- jupyter_server subprocesses ----------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def launch_server(config: Config, root: Path, token: str) -> Endpoint:
     """Start ``jupyter server`` for `config` with its own runtime, config and root folders."""
     assert config.server_args is not None
@@ -174,34 +175,16 @@ def wait_until_serving(endpoint: Endpoint, timeout: float = 90) -> None:
         time.sleep(0.1)
 
 
-def child_pids(pid: int) -> set[int]:
-    """Direct children of `pid` (its local kernels), read from /proc; empty where there is none."""
-    children = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid:
-                children.add(int(stat.parent.name))
-    return children
-
-
 def stop_server(endpoint: Endpoint) -> None:
     """SIGTERM the server (it shuts its kernels down), SIGKILL it and its kernels if they linger."""
     process = endpoint.process
     if process is None:
         return
     if process.poll() is None:
-        endpoint.children |= child_pids(process.pid)
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    for pid in endpoint.children:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+        endpoint.children |= set(descendants(process.pid))
+    terminate([process], 15)
+    kill_group(process)
+    kill_all(endpoint.children)
 
 
 def check_server_log(endpoint: Endpoint) -> None:
@@ -328,12 +311,6 @@ async def benchmark(endpoints: list[Endpoint], args: argparse.Namespace) -> dict
 
 
 # ---- results -----------------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0-100)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def summarize(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -31,12 +30,7 @@ from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
 from kernelfleet.kernels.agent.app import PACKAGED_KERNELSPECS
-
-
-def free_address() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{sock.getsockname()[1]}"
+from kernelfleet.testing import free_port, percentile
 
 
 def start(kernel_name: str, root: Path, replica_id: str, ksm: KernelSpecManager) -> Any:
@@ -72,7 +66,7 @@ def run(client: Any, code: str, timeout: float = 600) -> float:
 
 
 def join(clients: list[Any], root: Path) -> float:
-    addresses = [free_address() for _ in clients]
+    addresses = [f"127.0.0.1:{free_port()}" for _ in clients]
     started = time.perf_counter()
     for index, client in enumerate(clients):
         peers = [a for a in addresses if a != addresses[index]]
@@ -89,11 +83,6 @@ def join(clients: list[Any], root: Path) -> float:
         if reply["content"].get("status") != "ok":
             raise RuntimeError(f"join failed: {reply['content']}")
     return time.perf_counter() - started
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
 def round_trips(client: Any, cells: int) -> dict[str, float]:

@@ -44,7 +44,7 @@ from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager
 
-from kernelfleet.testing import Fleet, KernelWebsocket, start_fleet
+from kernelfleet.testing import Fleet, KernelWebsocket, percentile, start_fleet
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
@@ -332,12 +332,6 @@ def format_bound(le: float) -> str:
 
 
 # ---- results -----------------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0-100)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def delay_figures(timings: list[CellTiming]) -> dict[str, Any]:

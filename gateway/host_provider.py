@@ -11,7 +11,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-import re
 import subprocess
 import time
 from collections.abc import Sequence
@@ -22,13 +21,12 @@ from kernelfleet.gateway.processes import (
     host_agent_args,
     kill_group,
     log_tail,
+    read_agent_runtime,
     spawn_kernelfleet,
     terminate,
 )
 
 log = logging.getLogger("kernelfleet.gateway.hosts.provider")
-
-_LISTENING = re.compile(r"host agent (\S+) listening on (\S+)")
 
 
 class HostProvider(abc.ABC):
@@ -74,9 +72,9 @@ class LocalProcessHostProvider(HostProvider):
     """Host agents as ``kernelfleet host`` processes on this machine, with virtual GPUs.
 
     Host ids are ``<prefix>-<n>``; each agent keeps its state in ``<state_dir>/<id>`` and logs
-    to ``<state_dir>/logs/<id>.log``. `start_host` returns once the agent listens (its log says
-    so), within ``start_timeout`` seconds; `stop_host` sends SIGTERM (the agent stops its
-    kernels) and kills the agent's session after ``stop_timeout`` seconds.
+    to ``<state_dir>/logs/<id>.log``. `start_host` returns once the agent listens (it has written
+    its runtime file), within ``start_timeout`` seconds; `stop_host` sends SIGTERM (the agent
+    stops its kernels) and kills the agent's session after ``stop_timeout`` seconds.
     """
 
     def __init__(
@@ -125,7 +123,6 @@ class LocalProcessHostProvider(HostProvider):
             )
         host_id = self._next_id()
         log_path = self.state_dir / "logs" / f"{host_id}.log"
-        offset = log_path.stat().st_size if log_path.exists() else 0
         args = host_agent_args(
             self.gateway_url,
             host_id,
@@ -137,7 +134,7 @@ class LocalProcessHostProvider(HostProvider):
         self._processes[host_id] = process
         self._starting.add(host_id)
         try:
-            await self._wait_listening(host_id, process, log_path, offset)
+            await self._wait_listening(host_id, process, log_path)
         except BaseException:
             self._processes.pop(host_id, None)
             await asyncio.to_thread(kill_group, process)
@@ -162,14 +159,14 @@ class LocalProcessHostProvider(HostProvider):
                 return host_id
 
     async def _wait_listening(
-        self, host_id: str, process: subprocess.Popen[bytes], log_path: Path, offset: int
+        self, host_id: str, process: subprocess.Popen[bytes], log_path: Path
     ) -> None:
+        """Until `process` has written its runtime file; a file left by an earlier agent in the
+        same state dir names another pid and does not count."""
         deadline = time.monotonic() + self.start_timeout
         while True:
-            with log_path.open("rb") as log_file:
-                log_file.seek(offset)
-                if _LISTENING.search(log_file.read().decode(errors="replace")):
-                    return
+            if read_agent_runtime(self.state_dir / host_id, process.pid) is not None:
+                return
             if process.poll() is not None:
                 raise HostUnavailable(
                     f"host agent {host_id} exited with code {process.returncode} while "

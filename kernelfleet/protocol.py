@@ -287,3 +287,20 @@ class ReplicaEnv(enum.StrEnum):
     GPUS = "KERNELFLEET_GPUS"
     """Set by the replica itself, not the agent: the comma-separated ids of the GPUs bound to
     the running cell, empty between cells (`kernelfleet.kernels.replica.gpu_binding`)."""
+
+
+AGENT_RUNTIME_FILE = "runtime.json"
+"""A running host agent's runtime file, in its state dir: written (in one rename) once its API
+listens, removed when it stops cleanly. Its JSON object holds the fields of `AgentRuntime`."""
+
+
+@dataclass(frozen=True)
+class AgentRuntime:
+    """What a running host agent writes in its runtime file, and its readers expect."""
+
+    host_id: str
+    address: str
+    """The URL the gateway reaches the agent at (its ``--advertise-url``, else ip and port)."""
+    port: int
+    """The port its API listens on (the one it picked, for ``--port 0``)."""
+    pid: int

@@ -61,7 +61,9 @@ def module_name(path: Path) -> str:
 
 def source_files() -> list[Path]:
     """Every module, read from its real folder (kernelfleet/<pkg> links to ./<pkg>)."""
-    files = list(PACKAGE_ROOT.glob("*.py")) + list((PACKAGE_ROOT / "replay").rglob("*.py"))
+    files = list(PACKAGE_ROOT.glob("*.py"))
+    for folder in ("replay", "testing"):  # kernelfleet's own folders, not links
+        files += (PACKAGE_ROOT / folder).rglob("*.py")
     for package in ("gateway", "kernels", "raft", "scheduler", "extension", "tools"):
         files += (REPO_ROOT / package).rglob("*.py")
     return sorted(files)

@@ -7,58 +7,22 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 from jupyter_server.gateway.gateway_client import GatewayClient
 
-from kernelfleet.testing import KernelWebsocket, wait_for
+from kernelfleet.testing import (
+    KernelWebsocket,
+    call_json,
+    descendants,
+    free_port,
+    pid_alive,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 UP_LINE = re.compile(r"kernelfleet is up: (?P<url>http://\S+) token=(?P<token>\S+)")
-
-
-def call(url: str, token: str, method: str, path: str, body: dict | None = None) -> dict:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(
-        url + path, data=data, method=method, headers={"Authorization": f"token {token}"}
-    )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process whose parent chain leads to `pid`."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        children = {child for child, parent in parents.items() if parent in frontier}
-        frontier = children - found
-        found |= children
-    return found
-
-
-def running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +69,11 @@ async def test_up_runs_a_cell_through_jupyter_server_then_stops_cleanly(up, jp_f
     client.close()
     await jp_fetch("api", "kernels", kernel["id"], method="DELETE")
 
-    left_running = call(url, token, "POST", "/api/kernels", {"name": "python3"})
-    replica = call(url, token, "GET", f"/api/fleet/kernels/{left_running['id']}")["replicas"][0]
+    status, left_running = call_json(url + "/api/kernels", "POST", token, {"name": "python3"})
+    assert status == 201, left_running
+    status, view = call_json(url + f"/api/fleet/kernels/{left_running['id']}", token=token)
+    assert status == 200, view
+    replica = view["replicas"][0]
     family = descendants(process.pid)
     assert replica["pid"] in family
     assert len(family) >= 5, f"expected a gateway, 3 hosts and a kernel, found {family}"
@@ -115,7 +82,7 @@ async def test_up_runs_a_cell_through_jupyter_server_then_stops_cleanly(up, jp_f
     started = time.monotonic()
     process.send_signal(signal.SIGTERM)
     assert process.wait(20) == 0
-    wait_for(lambda: not any(running(pid) for pid in family), 10, "every child process to end")
+    wait_for(lambda: not any(pid_alive(pid) for pid in family), 10, "every child process to end")
     elapsed = time.monotonic() - started
     assert elapsed < 15, f"stopping took {elapsed:.1f} s"
 

@@ -6,11 +6,26 @@ It owns the host's GPU inventory and its kernel replicas, serves the host agent 
 replica down within ``shutdown_timeout`` seconds (killing stragglers) and exits 0. If the agent
 is killed outright, its kernels still exit: jupyter_client passes ``JPY_PARENT_PID`` and
 ipykernel quits when that parent goes away.
+
+Once it listens, the agent writes its runtime file, ``<state_dir>/runtime.json``, a JSON object:
+
+- ``host_id``: its host id;
+- ``address``: the URL the gateway reaches it at (``--advertise-url``, else ``http://<ip>:<port>``);
+- ``port``: the port its API listens on (the one picked when ``--port`` is 0);
+- ``pid``: its process id.
+
+The file appears whole (written aside, then renamed into place) and is removed as the agent
+starts a clean exit. An agent that was killed leaves its file behind: a reader must take a file
+whose pid no longer runs for stale, never for a live agent. ``read_agent_runtime`` in
+`kernelfleet.gateway.processes` does so; the local host provider and the tests wait with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import json
 import logging
 import os
 import re
@@ -46,6 +61,7 @@ from kernelfleet.kernels.agent.gpus import (
 from kernelfleet.kernels.agent.handlers import handlers
 from kernelfleet.kernels.agent.heartbeat import GatewayHeartbeat
 from kernelfleet.kernels.agent.replicas import ID_PATTERN, ReplicaTable
+from kernelfleet.protocol import AGENT_RUNTIME_FILE, AgentRuntime
 
 PACKAGED_KERNELSPECS = Path(__file__).resolve().parent / "kernelspecs"
 
@@ -150,7 +166,8 @@ class HostAgentApp(Application):
     ).tag(config=True)
 
     state_dir = Unicode(
-        help="Directory for this agent's state: the host id and each replica's kernel.log. "
+        help="Directory for this agent's state: the host id, its runtime file (runtime.json, "
+        "while it runs) and each replica's kernel.log. "
         "Default: $KERNELFLEET_STATE_DIR, else $XDG_STATE_HOME/kernelfleet/host "
         "(~/.local/state/kernelfleet/host). Give each agent on one machine its own.",
     ).tag(config=True)
@@ -459,6 +476,7 @@ class HostAgentApp(Application):
             loop.add_signal_handler(signum, self._on_signal, signum, stopping)
         server = HTTPServer(self.web_app)
         server.add_sockets(self.sockets)
+        self.write_runtime_file()
         self.log.info(
             "host agent %s listening on %s with %d GPU(s); state in %s; gateway %s",
             self.host_id,
@@ -469,7 +487,10 @@ class HostAgentApp(Application):
         )
         watcher = asyncio.create_task(self.replicas.watch())
         beats = asyncio.create_task(self.heartbeat.run()) if self.heartbeat else None
-        await stopping.wait()
+        try:
+            await stopping.wait()
+        finally:
+            self.remove_runtime_file()
 
         if self.heartbeat is not None:
             self.heartbeat.stop()
@@ -483,6 +504,21 @@ class HostAgentApp(Application):
             await asyncio.wait_for(server.close_all_connections(), timeout=1.0)
         except TimeoutError:
             self.log.debug("some API connections were still open at exit")
+
+    def write_runtime_file(self) -> None:
+        """Write ``<state_dir>/runtime.json`` (see the module docstring) in one rename."""
+        runtime = AgentRuntime(self.host_id, self.address, self.bound_port, os.getpid())
+        path = self.state_path / AGENT_RUNTIME_FILE
+        aside = path.with_name(f".{AGENT_RUNTIME_FILE}.{os.getpid()}")
+        aside.write_text(json.dumps(dataclasses.asdict(runtime)) + "\n")
+        os.replace(aside, path)
+
+    def remove_runtime_file(self) -> None:
+        """Remove the runtime file, unless another process has put its own there since."""
+        path = self.state_path / AGENT_RUNTIME_FILE
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            if json.loads(path.read_text()).get("pid") == os.getpid():
+                path.unlink()
 
     def _on_signal(self, signum: int, stopping: asyncio.Event) -> None:
         if stopping.is_set():

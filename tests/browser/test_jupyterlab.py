@@ -12,11 +12,8 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from kernelfleet.testing import Fleet, wait_for
+from kernelfleet.testing import Fleet, call_json, free_port, wait_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = [
@@ -49,12 +46,6 @@ CODE = "print(sum(range(10**6)), 'from kernelfleet')"
 EXPECTED = "499999500000 from kernelfleet"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclass
 class Lab:
     """A ``jupyter lab`` subprocess in gateway mode."""
@@ -68,17 +59,10 @@ class Lab:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def request(self, method: str, path: str) -> tuple[int, Any]:
-        request = urllib.request.Request(
-            self.url + path, method=method, headers={"Authorization": f"token {self.token}"}
-        )
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                status, raw = response.status, response.read()
-        except urllib.error.HTTPError as e:
-            status, raw = e.code, e.read()
+            return call_json(self.url + path, method, self.token, timeout=30)
         except OSError:
             return 0, None
-        return status, (json.loads(raw) if raw else None)
 
     def ready(self) -> bool:
         if self.process.poll() is not None:

@@ -12,11 +12,11 @@ kernel keeps its state.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 
-from kernelfleet.testing import TOKEN, Fleet, wait_for
+from kernelfleet.testing import Fleet, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -32,21 +32,14 @@ AUTOSCALING = (
 )  # fmt: skip
 
 
-def autoscaling_fleet(tmp_path, *gateway_args: str) -> Iterator[Fleet]:
+def autoscaling_fleet(private_fleet: Callable[..., Fleet], *gateway_args: str) -> Fleet:
     """A gateway that autoscales between 2 and 3 hosts of 1 GPU, and 2 hand-started hosts."""
-    fleet = Fleet(state_dir=tmp_path, token=TOKEN, env={})
-    try:
-        fleet.start_gateway(*AUTOSCALING, *gateway_args)
-        for host_id in ("host-1", "host-2"):
-            fleet.start_host(host_id, 1)
-        yield fleet
-    finally:
-        fleet.stop()
+    return private_fleet(hosts=2, gpus=1, replicas=None, gateway_args=[*AUTOSCALING, *gateway_args])
 
 
 @pytest.fixture
-def scaling_fleet(tmp_path):
-    yield from autoscaling_fleet(tmp_path)
+def scaling_fleet(private_fleet):
+    return autoscaling_fleet(private_fleet)
 
 
 def hosts(fleet: Fleet) -> dict[str, dict]:
@@ -113,10 +106,10 @@ async def test_a_host_is_added_under_demand_and_removed_when_idle(scaling_fleet)
 
 
 @pytest.fixture
-def ratio_fleet(tmp_path):
+def ratio_fleet(private_fleet):
     """With a 2 s ratio window: busy GPUs weigh at once."""
-    yield from autoscaling_fleet(
-        tmp_path, "--GatewayApp.ratio_window=2", "--GatewayApp.usage_sample_interval=0.25"
+    return autoscaling_fleet(
+        private_fleet, "--GatewayApp.ratio_window=2", "--GatewayApp.usage_sample_interval=0.25"
     )
 
 

@@ -8,7 +8,6 @@ from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
 from kernelfleet import __version__
-from kernelfleet.testing import TOKEN, Fleet
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -157,13 +156,9 @@ def test_fleet_summary_names_the_policy_and_counts_the_fleet(fleet):
         fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 
-def test_fleet_summary_reports_the_configured_policy(tmp_path):
-    gateway = Fleet(state_dir=tmp_path, token=TOKEN, env={})
-    try:
-        gateway.start_gateway("--policy", "packing", "--replicas", "2")
-        summary = gateway.api("GET", "/api/fleet")
-    finally:
-        gateway.stop()
+def test_fleet_summary_reports_the_configured_policy(private_fleet):
+    gateway = private_fleet(hosts=0, replicas=2, gateway_args=["--policy", "packing"])
+    summary = gateway.api("GET", "/api/fleet")
     assert summary == {
         "version": __version__,
         "policy": "packing",

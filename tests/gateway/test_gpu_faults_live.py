@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from kernelfleet.protocol import ErrorName, gpu_request
-from kernelfleet.testing import wait_for
+from kernelfleet.testing import pid_alive, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -329,7 +329,7 @@ async def test_a_replica_given_up_for_dead_is_stopped_when_its_host_comes_back(p
         os.kill(agent, signal.SIGCONT)
     wait_for(lambda: hosts(fleet)[host_id]["state"] == "alive", 10, "the host to come back")
     assert fleet.api("GET", f"/api/kernels/{kernel_id}")["execution_state"] == "dead"
-    wait_for(lambda: not os.path.exists(f"/proc/{replica['pid']}"), 15, "the stray to stop")
+    wait_for(lambda: not pid_alive(replica["pid"]), 15, "the stray to stop")
     assert f"still runs replica {replica['id']}, given up for dead" in fleet.log()
     fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
     assert_consistent(fleet)

@@ -3,9 +3,9 @@ gateway (subprocesses, real registration and heartbeats)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Iterator
+import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,32 +14,18 @@ from kernelfleet.errors import HostLimitReached, HostUnavailable, NotFound
 from kernelfleet.gateway.autoscaler import Autoscaler
 from kernelfleet.gateway.host_provider import LocalProcessHostProvider
 from kernelfleet.gateway.metrics import FleetMetrics
+from kernelfleet.protocol import AGENT_RUNTIME_FILE
 from kernelfleet.scheduler import AutoscaleConfig, FleetSnapshot, HostSnapshot, ScaleIn, ScaleOut
 from kernelfleet.scheduler.policies import NotebookOSPolicy
-from kernelfleet.testing import TOKEN, Fleet
+from kernelfleet.testing import TOKEN, Fleet, exited_pid, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 
-async def eventually(predicate, within: float, what: str):
-    deadline = time.monotonic() + within
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {within:.0f} s waiting for {what}")
-        await asyncio.sleep(0.1)
-    return value
-
-
 @pytest.fixture
-def small_fleet(tmp_path: Path) -> Iterator[Fleet]:
+def small_fleet(private_fleet: Callable[..., Fleet]) -> Fleet:
     """A gateway that marks a host lost after 1.5 s of silence, and one hand-started host."""
-    fleet = Fleet(state_dir=tmp_path, token=TOKEN, env={})
-    try:
-        fleet.start_gateway("--replicas", "1", "--GatewayApp.heartbeat_timeout=1.5")
-        fleet.start_host("host-1", 1)
-        yield fleet
-    finally:
-        fleet.stop()
+    return private_fleet(hosts=1, gpus=1, gateway_args=["--GatewayApp.heartbeat_timeout=1.5"])
 
 
 def hosts_of(fleet: Fleet) -> dict[str, dict]:
@@ -82,7 +68,7 @@ async def test_the_autoscaler_adds_a_host_under_demand_and_removes_it_when_idle(
         grown = await scaler.run_once()
         assert grown.decision == ScaleOut(1)
         assert grown.started == ("auto-1",)
-        added = await eventually(
+        added = await wait_until(
             lambda: hosts_of(fleet).get("auto-1", {}).get("state") == "alive",
             10,
             "auto-1 to register",
@@ -102,7 +88,7 @@ async def test_the_autoscaler_adds_a_host_under_demand_and_removes_it_when_idle(
         assert drained == ["auto-1"]
         assert provider.hosts() == ()
         assert process.poll() is not None
-        await eventually(
+        await wait_until(
             lambda: hosts_of(fleet)["auto-1"]["state"] == "lost", 10, "auto-1 to be lost"
         )
         assert hosts_of(fleet)["host-1"]["state"] == "alive"
@@ -125,3 +111,21 @@ async def test_a_host_that_cannot_start_is_reported_with_its_log(
     assert provider.hosts() == ()
     with pytest.raises(NotFound):
         await provider.stop_host("auto-1")
+
+
+@pytest.mark.parametrize("writer", ["a killed agent", "a process still running"])
+async def test_a_runtime_file_left_in_the_state_dir_is_not_taken_for_the_new_agent(
+    tmp_path: Path, writer: str
+) -> None:
+    """The new agent fails at start-up; a runtime file already there (an earlier agent's, or
+    one naming a live pid that is not the new agent) must not make it look started."""
+    pid = exited_pid() if writer == "a killed agent" else os.getpid()
+    (tmp_path / "auto-1").mkdir()
+    runtime = {"host_id": "auto-1", "address": "http://127.0.0.1:9", "port": 9, "pid": pid}
+    (tmp_path / "auto-1" / AGENT_RUNTIME_FILE).write_text(json.dumps(runtime))
+    provider = LocalProcessHostProvider(
+        "http://127.0.0.1:9", TOKEN, tmp_path, extra_args=["--port", "99999"]
+    )
+    with pytest.raises(HostUnavailable, match="exited with code"):
+        await provider.start_host()
+    assert provider.hosts() == ()

@@ -24,21 +24,23 @@ couple of seconds longer to reconnect.)
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import random
 import secrets
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
 
-from kernelfleet.protocol import ConnectionInfo, ErrorName, Request
-from kernelfleet.testing import TOKEN, Fleet, descendants, wait_for
+from kernelfleet.protocol import ErrorName
+from kernelfleet.testing import TOKEN, Fleet, descendants, kill_all, wait_for
+from kernelfleet.testing.replicas import (
+    agreed_executors,
+    execute_on,
+    replica_digest,
+    replica_status,
+)
 
 pytestmark = pytest.mark.timeout(180)  # about 17 s on 2 cores: not marked slow
 
@@ -145,42 +147,22 @@ class Partitioned:
 
 
 def start_host_in(fleet: Fleet, topology: Topology, i: int) -> None:
-    host_id = f"host-{i}"
-    log = (fleet.state_dir / f"{host_id}.log").open("wb")
     address = topology.control_ip(i)
-    fleet.hosts[host_id] = subprocess.Popen(
-        ["ip", "netns", "exec", topology.namespace(i), sys.executable, "-m", "kernelfleet",
-         "host", "--gateway", fleet.url, "--host-id", host_id, "--gpus", "1",
-         "--state-dir", str(fleet.state_dir / host_id), "--ip", address,
-         "--kernel-ip", address, "--raft-ip", topology.raft_ip(i)],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-        env={**os.environ, **fleet.env, "KERNELFLEET_TOKEN": fleet.token,
-             "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,
+    fleet.start_host(
+        f"host-{i}", 1, "--ip", address, "--kernel-ip", address, "--raft-ip", topology.raft_ip(i),
+        launcher=("ip", "netns", "exec", topology.namespace(i)),
     )  # fmt: skip
-    wait_for(lambda: fleet._poll_log(host_id, _NEVER) or fleet.host_state(host_id) == "alive",
-             30, f"host {host_id} (namespace {topology.namespace(i)}) to register")  # fmt: skip
-
-
-class _Never:
-    """A pattern that never matches: `_poll_log` then only checks that the process lives."""
-
-    def search(self, text: str) -> None:
-        return None
-
-
-_NEVER = _Never()
 
 
 @pytest.fixture
 def partitioned(tmp_path) -> Iterator[Partitioned]:
     """A gateway in the root namespace and one host agent in each of 3 namespaces."""
     topology = build_topology()
-    fleet = Fleet(state_dir=tmp_path / "fleet", token=TOKEN, env={})
+    fleet = Fleet(state_dir=tmp_path / "fleet", token=TOKEN, env={}, ip=topology.gateway_ip)
     fleet.state_dir.mkdir()
     below: set[int] = set()
     try:
-        fleet.gateway_args = ("--replicas", "3", "--ip", topology.gateway_ip)
+        fleet.gateway_args = ("--replicas", "3")
         fleet.start_gateway(*fleet.gateway_args)
         for i in range(1, HOSTS + 1):
             start_host_in(fleet, topology, i)
@@ -189,84 +171,8 @@ def partitioned(tmp_path) -> Iterator[Partitioned]:
         for process in fleet.hosts.values():
             below.update(descendants(process.pid))
         fleet.stop()
-        for pid in below:  # replicas that outlived their agent
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(below)  # replicas that outlived their agent
         topology.destroy()
-
-
-# ---- talking to one replica directly (its own ZMQ channels, reached over the control bridge) --
-
-DIGEST = (
-    "print(__import__('kernelfleet.kernels.replica.statesync', fromlist=['namespace_digest'])"
-    ".namespace_digest(get_ipython().user_ns, get_ipython().kernel.group.tracker))"
-)
-
-
-async def _connection(fleet: Fleet, replica: dict) -> dict:
-    from kernelfleet.kernels.agent.client import HostAgentClient
-
-    hosts = {host["id"]: host["address"] for host in fleet.api("GET", "/api/fleet/hosts")}
-    agent = HostAgentClient(hosts[replica["host"]], fleet.token)
-    try:
-        return (await agent.get_replica(replica["id"]))["connection"]
-    finally:
-        agent.close()
-
-
-async def execute_on(fleet: Fleet, replica: dict, code: str, timeout: float = 30):
-    """Run `code` on one replica, bypassing the gateway; returns (reply content, stdout)."""
-    from jupyter_client.asynchronous import AsyncKernelClient
-
-    client = AsyncKernelClient()
-    client.load_connection_info(await _connection(fleet, replica))
-    client.start_channels()
-    try:
-        output: list[str] = []
-
-        def hook(msg: dict) -> None:
-            if msg["header"]["msg_type"] == "stream":
-                output.append(msg["content"]["text"])
-
-        reply = await client.execute_interactive(code, timeout=timeout, output_hook=hook)
-        return reply["content"], "".join(output)
-    finally:
-        client.stop_channels()
-
-
-async def replica_digest(fleet: Fleet, replica: dict) -> str:
-    content, output = await execute_on(fleet, replica, DIGEST)
-    assert content["status"] == "ok", content
-    return output.strip()
-
-
-async def replica_status(fleet: Fleet, replica: dict) -> dict:
-    """The replica's view of its Raft group and of who ran which cell (control channel)."""
-    import zmq.asyncio
-
-    from kernelfleet.gateway.replication import send_request
-
-    info = ConnectionInfo.from_dict(await _connection(fleet, replica))
-    context = zmq.asyncio.Context()
-    try:
-        return await send_request(context, info, Request.STATUS, {}, 10, "status")
-    finally:
-        context.destroy(linger=0)
-
-
-async def executors_of(fleet: Fleet, replicas: list[dict], cells: set[str], timeout: float = 20):
-    """{cell: executor} once every one of `replicas` records all `cells` and they agree."""
-    views: list[dict] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        views = []
-        for replica in replicas:
-            status = await replica_status(fleet, replica)
-            views.append({cell: who for cell, _, who in status["executors"] if cell in cells})
-        if all(len(view) == len(cells) for view in views) and all(v == views[0] for v in views):
-            return views[0]
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"the replicas disagree or miss cells: {views}")
 
 
 def _assert_every_host_alive(fleet: Fleet) -> None:
@@ -328,7 +234,7 @@ async def test_a_replica_cut_off_from_raft_cannot_execute_the_majority_goes_on_a
         assert second.reply["status"] == "ok", second.reply
         assert second.stdout == f"3 6 {sum(range(300_000))}\n"
         cells = {during, after}
-        agreed = await executors_of(fleet, majority, cells)
+        agreed = await agreed_executors(fleet, lambda: majority, cells, timeout=20)
         assert isolated["id"] not in agreed.values(), agreed
 
         # Asked directly, the isolated replica refuses: it cannot commit its LEAD.
@@ -367,7 +273,7 @@ async def test_a_replica_cut_off_from_raft_cannot_execute_the_majority_goes_on_a
     caught_up_in = time.monotonic() - healed_at
     digests = {r["id"]: await replica_digest(fleet, r) for r in [isolated, *majority]}
     assert len(set(digests.values())) == 1, digests
-    agreed_by_all = await executors_of(fleet, replicas, cells)
+    agreed_by_all = await agreed_executors(fleet, lambda: replicas, cells, timeout=20)
     assert agreed_by_all == agreed, "the healed replica learned who ran the cells of the cut"
     final = await client.execute("print(x, items, int(big.sum()))", timeout=30)
     assert final.stdout == f"3 ['a', 'cut'] {sum(range(300_000))}\n", final.reply

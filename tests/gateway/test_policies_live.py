@@ -18,15 +18,9 @@ SHOW_GPUS = "import os\nprint('gpus', os.environ['KERNELFLEET_GPUS'])"
 
 
 @pytest.fixture
-def reservation_fleet(tmp_path):
-    fleet = Fleet(state_dir=tmp_path, token=TOKEN, env={})
-    try:
-        fleet.start_gateway("--policy", "reservation", "--GatewayApp.check_ledger=True")
-        for host_id in ("host-1", "host-2"):
-            fleet.start_host(host_id, 1)
-        yield fleet
-    finally:
-        fleet.stop()
+def reservation_fleet(private_fleet):
+    gateway_args = ["--policy", "reservation", "--GatewayApp.check_ledger=True"]
+    return private_fleet(hosts=2, gpus=1, replicas=None, gateway_args=gateway_args)
 
 
 def committed(fleet: Fleet) -> dict[str, int]:

@@ -7,12 +7,12 @@ SIGKILL of its agent (its kernels then exit, as ipykernel polls its parent).
 import asyncio
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
-from kernelfleet.protocol import ConnectionInfo, ErrorName, Request
-from kernelfleet.testing import wait_for
+from kernelfleet.protocol import ErrorName
+from kernelfleet.testing import pid_alive, wait_for, wait_until
+from kernelfleet.testing.replicas import agreed_executors, replica_digest, replica_status
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -52,14 +52,6 @@ def replicated(fleet_factory):
     return fleet_factory(hosts=4, gpus=1, replicas=3)
 
 
-def alive(pid):
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 async def test_restart_gives_a_fresh_group_and_shutdown_stops_every_replica(replicated):
     fleet = replicated
     kernel_id = fleet.start_kernel()
@@ -72,14 +64,14 @@ async def test_restart_gives_a_fresh_group_and_shutdown_stops_every_replica(repl
     after = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
     assert len(after) == 3
     assert not {r["id"] for r in after} & {r["id"] for r in before}, "new replicas, new group"
-    wait_for(lambda: not any(alive(r["pid"]) for r in before), 10, "the old replicas to exit")
+    wait_for(lambda: not any(pid_alive(r["pid"]) for r in before), 10, "the old replicas to exit")
     client = await fleet.connect(kernel_id)
     assert (await client.execute("secret")).reply["ename"] == "NameError"
     assert (await client.execute("fresh = 1; print(fresh)")).stdout == "1\n"
     client.close()
 
     fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
-    wait_for(lambda: not any(alive(r["pid"]) for r in after), 10, "every replica to exit")
+    wait_for(lambda: not any(pid_alive(r["pid"]) for r in after), 10, "every replica to exit")
 
 
 CELLS = [
@@ -101,44 +93,6 @@ CELLS = [
     "big = np.ones(300_000)",
     "del big",
 ]
-DIGEST = (
-    "print(__import__('kernelfleet.kernels.replica.statesync', fromlist=['namespace_digest'])"
-    ".namespace_digest(get_ipython().user_ns, get_ipython().kernel.group.tracker))"
-)
-
-
-async def eventually(check, timeout):
-    """Await `check()` until it is true (then True) or `timeout` seconds passed (then False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await check():
-            return True
-        await asyncio.sleep(0.2)
-    return False
-
-
-async def replica_digest(fleet, replica):
-    """Ask one replica directly (its own ZMQ channels, connection info from its host agent)."""
-    from jupyter_client.asynchronous import AsyncKernelClient
-
-    from kernelfleet.kernels.agent.client import HostAgentClient
-
-    hosts = {host["id"]: host["address"] for host in fleet.api("GET", "/api/fleet/hosts")}
-    agent = HostAgentClient(hosts[replica["host"]], fleet.token)
-    info = (await agent.get_replica(replica["id"]))["connection"]
-    agent.close()
-    client = AsyncKernelClient()
-    client.load_connection_info(info)
-    client.start_channels()
-    try:
-        output = []
-        reply = await client.execute_interactive(
-            DIGEST, timeout=30, output_hook=lambda m: output.append(m["content"].get("text", ""))
-        )
-        assert reply["content"]["status"] == "ok", reply["content"]
-        return "".join(output).strip()
-    finally:
-        client.stop_channels()
 
 
 async def test_replicas_hold_equal_namespaces_after_many_cells(replicated):
@@ -214,7 +168,7 @@ async def test_an_isolated_replica_refuses_cells_and_a_suspended_one_catches_up(
     async def caught_up():
         return len({await replica_digest(fleet, r) for r in view["replicas"]}) == 1
 
-    assert await eventually(caught_up, 10), "the resumed replica did not catch up"
+    await wait_until(caught_up, 10, "the resumed replica to catch up", interval=0.2)
 
     # The executor cut off from both others cannot run a cell: it refuses, and the gateway
     # sends the cell to another replica, which runs it once the group has a majority again.
@@ -235,7 +189,7 @@ async def test_an_isolated_replica_refuses_cells_and_a_suspended_one_catches_up(
     result = await client.collect(msg_id, timeout=30)
     assert result.reply["status"] == "ok", result.reply
     assert (await client.execute("print(n)", timeout=30)).stdout == "1000\n"
-    executors = await agreed_executors(fleet, kernel_id, {msg_id})
+    executors = await agreed_executors(fleet, live_replicas(fleet, kernel_id), {msg_id})
     assert executors[msg_id] != executor["id"], "the isolated replica did not run it"
     client.close()
     fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
@@ -271,40 +225,14 @@ async def test_a_replica_migrates_to_a_named_host_and_the_kernel_keeps_its_state
     fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 
-async def replica_status(fleet, replica):
-    """A replica's own view of its Raft group and of who ran which cell (control channel)."""
-    import zmq.asyncio
+def live_replicas(fleet, kernel_id):
+    """A function that lists the replicas of `kernel_id` running at the time it is called."""
 
-    from kernelfleet.gateway.replication import send_request
-    from kernelfleet.kernels.agent.client import HostAgentClient
-
-    hosts = {host["id"]: host["address"] for host in fleet.api("GET", "/api/fleet/hosts")}
-    agent = HostAgentClient(hosts[replica["host"]], fleet.token)
-    info = ConnectionInfo.from_dict((await agent.get_replica(replica["id"]))["connection"])
-    agent.close()
-    context = zmq.asyncio.Context()
-    try:
-        return await send_request(context, info, Request.STATUS, {}, 10, "status")
-    finally:
-        context.destroy(linger=0)
-
-
-async def agreed_executors(fleet, kernel_id, cells, timeout=15):
-    """Wait until every live replica records an executor for each of `cells` and all agree;
-    returns {cell: executor}."""
-    views = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def running():
         replicas = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
-        live = [r for r in replicas if r["state"] in ("ready", "executing")]
-        views = []
-        for replica in live:
-            status = await replica_status(fleet, replica)
-            views.append({cell: who for cell, attempt, who in status["executors"] if cell in cells})
-        if all(len(view) == len(cells) for view in views) and all(v == views[0] for v in views):
-            return views[0]
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"the replicas disagree or miss cells: {views}")
+        return [r for r in replicas if r["state"] in ("ready", "executing")]
+
+    return running
 
 
 async def test_concurrent_cells_on_several_kernels_each_run_once_on_one_agreed_replica(replicated):
@@ -322,7 +250,7 @@ async def test_concurrent_cells_on_several_kernels_each_run_once_on_one_agreed_r
         assert [r.stdout for r in results] == [f"k{k} c{n}\n" for n in range(5)], "once each"
         counts = [r.reply["execution_count"] for r in results]
         assert counts == list(range(counts[0], counts[0] + 5)), "one count per cell, in order"
-        executors = await agreed_executors(fleet, kernel_ids[k], set(sent))
+        executors = await agreed_executors(fleet, live_replicas(fleet, kernel_ids[k]), set(sent))
         replicas = {
             r["id"] for r in fleet.api("GET", f"/api/fleet/kernels/{kernel_ids[k]}")["replicas"]
         }

@@ -8,12 +8,9 @@ subprocess on an ephemeral port and returns an ``AgentProcess`` once the agent l
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,48 +25,12 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 import kernelfleet
+from kernelfleet.gateway.processes import pid_alive, read_agent_runtime, spawn_kernelfleet
 from kernelfleet.kernels.agent.client import HostAgentClient
+from kernelfleet.testing import wait_until
 
 TOKEN = "host-agent-test-token-0123456789"
-_LISTENING = re.compile(r"listening on (http://\S+) with")
 REPO_ROOT = Path(kernelfleet.__file__).resolve().parent.parent
-
-
-async def wait_until(
-    predicate: Callable[[], Any], within: float, what: str, interval: float = 0.05
-) -> Any:
-    """Poll ``predicate`` (sync or async) until it returns something truthy; fail after
-    ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {within:.1f} s waiting for {what}")
-        await asyncio.sleep(interval)
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie of ours counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # ---- the fake gateway ---------------------------------------------------------------------------
@@ -161,18 +122,10 @@ class AgentProcess:
         return self.process.returncode
 
 
-def spawn(
-    argv: list[str], env: dict[str, str], log_path: Path, cwd: Path
-) -> subprocess.Popen[bytes]:
-    """Start ``argv`` with stdout and stderr appended to ``log_path``."""
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd
-        )
-
-
 @pytest.fixture
-def host_agent(tmp_path: Path) -> Iterator[Callable[..., Awaitable[AgentProcess]]]:
+def host_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., Awaitable[AgentProcess]]]:
     """``await host_agent(gateway_url=..., gpus=2, args=[...], env={...})`` -> AgentProcess.
 
     A sync fixture handing out an async factory, so it works under any asyncio test runner;
@@ -192,33 +145,31 @@ def host_agent(tmp_path: Path) -> Iterator[Callable[..., Awaitable[AgentProcess]
         state_dir = tmp_path / f"agent{n}"
         state_dir.mkdir()
         log_path = tmp_path / f"agent{n}.log"
-        argv = [sys.executable, "-m", "kernelfleet", "host", "--token", TOKEN]
-        argv += ["--state-dir", str(state_dir), "--port", "0"]
-        argv += ["--heartbeat-interval", str(heartbeat_interval)]
+        argv = ["host", "--state-dir", str(state_dir), "--port", "0"]
+        argv += ["--root-dir", str(tmp_path), "--heartbeat-interval", str(heartbeat_interval)]
         if gateway_url:
             argv += ["--gateway", gateway_url]
         if gpus is not None:
             argv += ["--gpus", str(gpus)]
         argv += args or []
-        process_env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELFLEET_")}
-        process_env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-        )
-        process_env.update(env or {})
-        process = spawn(argv, process_env, log_path, cwd=tmp_path)
+        python_path = [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        process_env = {"PYTHONPATH": os.pathsep.join(python_path), **(env or {})}
+        process = spawn_kernelfleet(argv, log_path, TOKEN, process_env)
         agent = AgentProcess(process=process, state_dir=state_dir, log_path=log_path)
         agents.append(agent)
 
         def listening() -> str | None:
             if process.poll() is not None:
                 pytest.fail(f"the agent exited with {process.returncode}:\n{agent.log()[-3000:]}")
-            match = _LISTENING.search(agent.log())
-            return match.group(1) if match else None
+            runtime = read_agent_runtime(state_dir, process.pid)
+            return runtime.address if runtime else None
 
-        agent.address = await wait_until(listening, 30, "the agent to listen")
+        agent.address = await wait_until(listening, 30, "the agent's runtime file")
         agent.client = HostAgentClient(agent.address, TOKEN)
         return agent
 
+    for name in [name for name in os.environ if name.startswith("KERNELFLEET_")]:
+        monkeypatch.delenv(name)  # the agents' configuration is the test's alone
     yield start
 
     for agent in agents:

@@ -27,16 +27,9 @@ from kernelfleet.errors import (
     NotFound,
 )
 from kernelfleet.protocol import CONNECTION_KEYS
+from kernelfleet.testing import free_port, pid_alive, wait_until
 
-from .conftest import (
-    REPO_ROOT,
-    TOKEN,
-    AgentProcess,
-    GatewayRecorder,
-    free_port,
-    pid_alive,
-    wait_until,
-)
+from .conftest import REPO_ROOT, TOKEN, AgentProcess, GatewayRecorder
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -20,8 +20,7 @@ from kernelfleet.errors import (
     NotFound,
 )
 from kernelfleet.kernels.agent.client import HostAgentClient
-
-from .conftest import free_port
+from kernelfleet.testing import free_port
 
 # path -> (status, raw body) the double answers
 SCRIPT: dict[str, tuple[int, str]] = {

@@ -233,7 +233,8 @@ def test_without_devices_reacquire_keeps_everything_in_host_memory() -> None:
 
 
 def test_real_torch_modules_optimizers_and_tensors_survive_a_round_trip() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     binder = GpuBinder(
         is_accelerator=lambda device: device.type == "cpu",  # pretend the CPU is the GPU
         device_for=lambda device_id: torch.device("cpu"),
@@ -262,7 +263,8 @@ def test_real_torch_modules_optimizers_and_tensors_survive_a_round_trip() -> Non
 
 
 def test_real_torch_on_cpu_is_left_alone_by_default() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     net = torch.nn.Linear(4, 4)
     report = GpuBinder(environ={}).release({"net": net, "t": torch.ones(3)})
     assert (report.tensors, report.modules, report.bytes) == (0, 0, 0)
@@ -273,7 +275,8 @@ def test_real_torch_on_cpu_is_left_alone_by_default() -> None:
 
 @pytest.mark.gpu
 def test_device_memory_is_really_freed_and_restored() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     if not torch.cuda.is_available():
         pytest.skip("torch sees no CUDA device")
     gib = 1 << 30

@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,18 +24,12 @@ from typing import Any
 import pytest
 
 from kernelfleet.raft.entries import Entry, decode
-from kernelfleet.testing import wait_for
+from kernelfleet.testing import free_port, wait_for
 
 from .raft_node import from_json, to_json
 
 NODE_SCRIPT = Path(__file__).with_name("raft_node.py")
 PASSWORD = "raft-test-password-5f1c"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wire(entry: Entry) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from kernelfleet.cli import KernelfleetApp
 from kernelfleet.replay.app import ReplayApp
 from kernelfleet.replay.client import GatewayClient
 from kernelfleet.scheduler.trace import read_trace
+from kernelfleet.testing import free_port
 
 SLICE = Path(__file__).with_name("june_slice.csv")
 HEADER = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
@@ -23,12 +23,6 @@ def run_app(*argv: str) -> None:
     app = ReplayApp()
     app.initialize(argv=[*argv, "--ReplayApp.progress=False"])
     app.start()
-
-
-def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize(
@@ -57,7 +51,7 @@ def test_a_bad_trace_row_is_named(tmp_path: Path, capsys) -> None:
 
 
 def test_an_unreachable_gateway_is_a_clear_error(capsys) -> None:
-    url = f"http://127.0.0.1:{unused_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(SystemExit) as exited:
         run_app("--trace", str(SLICE), "--gateway", url, "--token", "t" * 12)
     assert exited.value.code == 2

@@ -1,14 +1,12 @@
-"""Torch tensors and modules sync with their bytes out of band (skipped without torch)."""
+"""Torch tensors and modules sync with their bytes out of band (torch is a test dependency)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
+import torch
 
 from .conftest import Cluster
-
-torch = pytest.importorskip("torch")
 
 Replicas = Callable[..., Cluster]
 
