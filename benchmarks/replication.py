@@ -30,14 +30,15 @@ from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
 from kernelfleet.kernels.agent.app import PACKAGED_KERNELSPECS
+from kernelfleet.protocol import ReplicaEnv, Request
 from kernelfleet.testing import free_port, percentile
 
 
 def start(kernel_name: str, root: Path, replica_id: str, ksm: KernelSpecManager) -> Any:
     env = {
         **os.environ,
-        "KERNELFLEET_REPLICA_ID": replica_id,
-        "KERNELFLEET_REPLICA_DIR": str(root / replica_id),
+        ReplicaEnv.REPLICA_ID.value: replica_id,
+        ReplicaEnv.REPLICA_DIR.value: str(root / replica_id),
     }
     km = KernelManager(kernel_name=kernel_name, kernel_spec_manager=ksm)
     km.start_kernel(env=env, stderr=(root / f"{replica_id}.log").open("wb"))
@@ -77,7 +78,7 @@ def join(clients: list[Any], root: Path) -> float:
             "password": "benchmark-password",
             "store_root": str(root / "objects"),
         }
-        client.shell_channel.send(client.session.msg("kernelfleet_join_request", content))
+        client.shell_channel.send(client.session.msg(Request.JOIN.value, content))
     for client in clients:
         reply = client.get_shell_msg(timeout=60)
         if reply["content"].get("status") != "ok":

@@ -268,7 +268,7 @@ CONNECTION_KEYS: tuple[str, ...] = (
 
 
 class ReplicaEnv(enum.StrEnum):
-    """Environment variables of a replica's process: the host agent sets them (but `GPUS`) for
+    """Environment variables of a replica's process: the host agent sets them for
     the replica, and for the code that runs in it."""
 
     KERNEL_ID = "KERNELFLEET_KERNEL_ID"
@@ -285,8 +285,10 @@ class ReplicaEnv(enum.StrEnum):
     joins. Set only for a replicated kernel."""
 
     GPUS = "KERNELFLEET_GPUS"
-    """Set by the replica itself, not the agent: the comma-separated ids of the GPUs bound to
-    the running cell, empty between cells (`kernelfleet.kernels.replica.gpu_binding`)."""
+    """The comma-separated ids of the GPUs bound to the running cell, empty between cells: the
+    agent starts a replica with it empty (whatever the agent's own value, which for the agent is
+    its virtual GPU count), the replica sets it around each cell
+    (`kernelfleet.kernels.replica.gpu_binding`)."""
 
 
 AGENT_RUNTIME_FILE = "runtime.json"

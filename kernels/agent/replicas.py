@@ -38,7 +38,7 @@ log = logging.getLogger("kernelfleet.host.replicas")
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 LOG_TAIL_LINES = 30
 PORTS_FROM = 20000  # replicas' ZMQ and Raft ports are drawn from here up to the ephemeral range
-ZMQ_PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+ZMQ_PORTS = tuple(key for key in CONNECTION_KEYS if key.endswith("_port"))
 PORT_ATTEMPTS = 3  # launches with fresh ports when another process took one first
 PORT_TAKEN = "Address already in use"
 # Never handed to kernels: user code must not be able to drive the host agent.
@@ -464,6 +464,7 @@ class ReplicaTable:
         env[ReplicaEnv.KERNEL_ID.value] = request.kernel_id
         env[ReplicaEnv.REPLICA_ID.value] = request.replica_id
         env[ReplicaEnv.REPLICA_DIR.value] = str(self.replicas_dir / request.replica_id)
+        env[ReplicaEnv.GPUS.value] = ""  # none bound until a cell runs (not the agent's GPU count)
         if replica.raft_address:
             env[ReplicaEnv.RAFT_ADDRESS.value] = replica.raft_address
         return env

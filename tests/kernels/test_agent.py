@@ -136,7 +136,9 @@ async def test_gateway_outage_warns_once_and_keeps_serving(host_agent: StartAgen
 
 
 async def test_replica_lifecycle(host_agent: StartAgent, tmp_path: Path) -> None:
-    agent = await host_agent()
+    # The agent's own KERNELFLEET_GPUS (its virtual GPU count) must not reach its replicas, where
+    # the name means the GPUs bound to the running cell: none before a cell runs.
+    agent = await host_agent(gpus=None, env={"KERNELFLEET_GPUS": "2"})
     client = agent.client
     workdir = tmp_path / "work"
     workdir.mkdir()
@@ -168,9 +170,9 @@ async def test_replica_lifecycle(host_agent: StartAgent, tmp_path: Path) -> None
             kc,
             "import os; print(os.getcwd(), os.environ['KERNELFLEET_KERNEL_ID'], "
             "os.environ['KERNELFLEET_REPLICA_ID'], os.environ['FLEET_TEST_VAR'], "
-            "'KERNELFLEET_TOKEN' in os.environ)",
+            "'KERNELFLEET_TOKEN' in os.environ, repr(os.environ['KERNELFLEET_GPUS']))",
         )
-        assert out.split() == [str(workdir), "k1", "r1", "hello", "False"]
+        assert out.split() == [str(workdir), "k1", "r1", "hello", "False", "''"]
 
         # interrupt a long cell
         started = asyncio.Event()
