@@ -1,6 +1,6 @@
 """The gateway's GPU ledger: per host, the devices it has, who claims them and who holds them.
 
-Three layers per host (REFERENCE.md §2):
+Three layers per host, as NotebookOS keeps them (docs/notebookos.md):
 
 - **spec**: the device ids the host reports, in its order (`device_ids_of` turns a host report's
   ``gpus`` into ids: the device index as a string, what ``CUDA_VISIBLE_DEVICES`` and

@@ -148,7 +148,7 @@ class KernelRecord:
     last_activity: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def model(self) -> dict[str, Any]:
-        """The Jupyter kernel model (REFERENCE.md §1)."""
+        """The Jupyter kernel model (docs/gateway-contract.md)."""
         return {
             "id": self.id,
             "name": self.name,

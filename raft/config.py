@@ -1,6 +1,6 @@
 """Tunables of a kernel's Raft group, checked once, and their pysyncobj translation.
 
-The defaults are tuned for cell latency on a LAN (REFERENCE §4): no append batching (batching
+The defaults are tuned for cell latency on a LAN: no append batching (batching
 waits for a 0.1 s tick per commit), elections after 0.2-0.5 s of silence, heartbeats every
 50 ms, reconnects to a lost peer every 0.5 s (pysyncobj's 5 s default stalls a restarted
 replica's catch-up).

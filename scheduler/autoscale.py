@@ -1,4 +1,4 @@
-"""The autoscaling formula of NotebookOS (REFERENCE.md §2), as a pure function.
+"""The autoscaling formula of NotebookOS (docs/notebookos.md), as a pure function.
 
 Every round: target hosts = ceil(committed GPUs * headroom / GPUs per host) + buffer hosts,
 never below ``min_hosts`` nor above ``max_hosts`` (0: no limit). Below target (counting hosts

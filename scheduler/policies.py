@@ -1,6 +1,6 @@
 """The built-in policies: ``notebookos``, ``reservation`` and ``fcfs-batch``.
 
-Each is pure: decisions are functions of the snapshot and the request (REFERENCE.md §2 for the
+Each is pure: decisions are functions of the snapshot and the request (docs/notebookos.md for the
 NotebookOS formulas). Ties are broken by host id so equal inputs give equal answers.
 """
 

@@ -1,4 +1,4 @@
-"""Reading a training trace and recovering its notebook sessions (REFERENCE.md §3).
+"""Reading a training trace and recovering its notebook sessions.
 
 The file is a CSV with the columns ``job_id,num_gpu,submit_time,iterations,model_name,duration,
 interval``; times are in minutes. Events are written session by session, each session's events in
@@ -184,7 +184,7 @@ def _number(line_no: int, column: str, text: str) -> float:
 
 
 def recover_sessions(events: list[TraceEvent] | tuple[TraceEvent, ...]) -> tuple[Session, ...]:
-    """Split `events` (in file order) into sessions per REFERENCE.md §3.
+    """Split `events` (in file order) into sessions.
 
     A new session starts at the first event, where an event is submitted before the previous
     event ended, and where the GPU count changes. An event starting exactly when the previous one

@@ -1,4 +1,4 @@
-"""The moving window behind the cluster subscription ratio (REFERENCE.md §2).
+"""The moving window behind the cluster subscription ratio (docs/notebookos.md).
 
 NotebookOS divides the GPUs replicas subscribe (demand) by the GPUs running cells hold (busy),
 each averaged over a moving window. The gateway and the simulator both sample the fleet at a

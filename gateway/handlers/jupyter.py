@@ -1,4 +1,4 @@
-"""The Jupyter gateway REST contract (REFERENCE.md §1): kernelspecs and kernels."""
+"""The Jupyter gateway REST contract (docs/gateway-contract.md): kernelspecs and kernels."""
 
 from __future__ import annotations
 

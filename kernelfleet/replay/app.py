@@ -55,7 +55,14 @@ class ReplayApp(Application):
         "skip-bad-rows": "ReplayApp.skip_bad_rows",
     }
 
-    trace = Unicode("", config=True, help="The trace CSV (REFERENCE.md §3 format).")
+    trace = Unicode(
+        "",
+        config=True,
+        help=(
+            "The trace CSV: columns job_id,num_gpu,submit_time,iterations,model_name,"
+            "duration,interval; times in minutes."
+        ),
+    )
     gateway = Unicode(
         config=True, help="The gateway's URL. Default: $KERNELFLEET_GATEWAY_URL, else none."
     )

@@ -65,7 +65,14 @@ class SimulateApp(Application):
         "skip-bad-rows": "SimulateApp.skip_bad_rows",
     }
 
-    trace = Unicode("", config=True, help="The trace CSV (REFERENCE.md §3 format).")
+    trace = Unicode(
+        "",
+        config=True,
+        help=(
+            "The trace CSV: columns job_id,num_gpu,submit_time,iterations,model_name,"
+            "duration,interval; times in minutes."
+        ),
+    )
     policies = List(
         Unicode(),
         ["notebookos", "reservation", "fcfs-batch"],

@@ -352,7 +352,7 @@ async def test_reopened_log_recovers_from_its_full_dump(tmp_path):
 
 
 def test_pysyncobj_is_tuned_for_latency_and_secured(tmp_path):
-    """Batching waits for a 0.1 s tick per commit (REFERENCE.md §4): it must stay off."""
+    """pysyncobj's batching waits for a 0.1 s tick per commit (p50 ~100 ms): it must stay off."""
     from kernelfleet.raft.config import LogConfig
 
     conf = LogConfig().syncobj_conf(
