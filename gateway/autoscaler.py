@@ -77,7 +77,7 @@ class Autoscaler:
         min_hosts: int = 0,
         max_hosts: int = 0,
         metrics: FleetMetrics | None = None,
-        hosts: HostRetirement | None = None,
+        hosts: HostRetirement,
     ) -> None:
         if patience < 1 or cooldown < 0 or min_hosts < 0 or max_hosts < 0:
             raise ValueError("patience must be >= 1; cooldown and host limits >= 0")
@@ -97,8 +97,6 @@ class Autoscaler:
         self._lock = asyncio.Lock()
         self._last_action: float | None = None
         self._streak: tuple[type, int] = (Hold, 0)
-        self._stopped: set[str] = set()
-        """Hosts stopped here that a snapshot source with no ``hosts`` may still list."""
         self.last_round: AutoscaleRound | None = None
         """The latest round that decided anything but `Hold`."""
 
@@ -106,17 +104,9 @@ class Autoscaler:
         """The caller's snapshot, completed with what only the autoscaler knows: hosts it is
         adding (pending), hosts it stopped (dead) and the size of a new host."""
         snapshot = self._snapshot()
-        shown = {host.id for host in snapshot.hosts}
-        self._stopped &= shown  # forgotten by the gateway: nothing left to hide
-        alive = {host.id for host in snapshot.hosts if host.alive and host.id not in self._stopped}
-        pending = self.pending(alive)
-        hosts = tuple(
-            dataclasses.replace(host, alive=False) if host.id in self._stopped else host
-            for host in snapshot.hosts
-        )
+        pending = self.pending({host.id for host in snapshot.hosts if host.alive})
         return dataclasses.replace(
             snapshot,
-            hosts=hosts,
             hosts_pending=max(snapshot.hosts_pending, pending),
             gpus_per_host=snapshot.gpus_per_host or self.provider.gpus_per_host,
         )
@@ -214,7 +204,6 @@ class Autoscaler:
                 raise outcome
             else:
                 started.append(outcome)
-                self._stopped.discard(outcome)
         if started:
             log.info("scaled out: started %s", ", ".join(started))
             if self._metrics is not None:
@@ -240,8 +229,6 @@ class Autoscaler:
             if why:
                 skipped.append((host_id, why))
                 continue
-            if self._hosts is None:
-                self._stopped.add(host_id)
             stopped.append(host_id)
         if stopped:
             log.info("scaled in: stopped %s", ", ".join(stopped))
@@ -282,15 +269,13 @@ class Autoscaler:
         after = self.snapshot().host(host_id)
         if after is not None and (after.replicas > 0 or after.gpus_committed > 0):
             return f"still holds {after.replicas} replica(s) after draining"
-        if self._hosts is not None:
-            self._hosts.stopping(host_id)
+        self._hosts.stopping(host_id)
         try:
             await self.provider.stop_host(host_id)
         except FleetError as e:
             log.error("host %s was drained but could not be stopped: %s", host_id, e.message)
             return f"stopping failed: {e.message}"
-        if self._hosts is not None:
-            self._hosts.forget(host_id)
+        self._hosts.forget(host_id)
         return ""
 
 

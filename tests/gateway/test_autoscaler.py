@@ -57,6 +57,12 @@ class FakeFleet:
             gpus_waiting=self.waiting,
         )
 
+    def stopping(self, host_id: str) -> None:
+        """The autoscaler closes a drained host; this fleet shows it as it is until forgotten."""
+
+    def forget(self, host_id: str) -> None:
+        del self.hosts[host_id]
+
 
 class Clock:
     def __init__(self) -> None:
@@ -78,6 +84,7 @@ def autoscaler(fleet: FakeFleet, provider: FakeProvider, **kwargs) -> Autoscaler
         drained.append(host_id)
 
     kwargs.setdefault("cooldown", 0.0)
+    kwargs.setdefault("hosts", fleet)
     return Autoscaler(
         fleet.snapshot,
         kwargs.pop("policy", policy()),

@@ -62,7 +62,13 @@ async def test_the_autoscaler_adds_a_host_under_demand_and_removes_it_when_idle(
     metrics = FleetMetrics()
     config = AutoscaleConfig(headroom=1.0, buffer_hosts=0, min_hosts=1)
     scaler = Autoscaler(
-        snapshot, NotebookOSPolicy(config), provider, drain, cooldown=0, metrics=metrics
+        snapshot,
+        NotebookOSPolicy(config),
+        provider,
+        drain,
+        cooldown=0,
+        metrics=metrics,
+        hosts=HeartbeatsTell(),
     )
     try:
         grown = await scaler.run_once()
@@ -97,6 +103,16 @@ async def test_the_autoscaler_adds_a_host_under_demand_and_removes_it_when_idle(
         assert (await scaler.run_once()).stopped == ()
     finally:
         await provider.close()
+
+
+class HeartbeatsTell:
+    """Tells the gateway nothing of a stopped host: it finds out when the heartbeats stop."""
+
+    def stopping(self, host_id: str) -> None:
+        pass
+
+    def forget(self, host_id: str) -> None:
+        pass
 
 
 async def test_a_host_that_cannot_start_is_reported_with_its_log(
