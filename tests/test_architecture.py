@@ -59,14 +59,25 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def linked_packages() -> list[Path]:
+    """The links kernelfleet/<name> -> ../<name>: the top-level folders that are subpackages."""
+    return sorted(p for p in PACKAGE_ROOT.iterdir() if p.is_symlink())
+
+
 def source_files() -> list[Path]:
-    """Every module, read from its real folder (kernelfleet/<pkg> links to ./<pkg>)."""
-    files = list(PACKAGE_ROOT.glob("*.py"))
-    for folder in ("replay", "testing"):  # kernelfleet's own folders, not links
-        files += (PACKAGE_ROOT / folder).rglob("*.py")
-    for package in ("gateway", "kernels", "raft", "scheduler", "extension", "tools"):
-        files += (REPO_ROOT / package).rglob("*.py")
+    """Every module, read from its real folder (rglob does not follow the links)."""
+    files = list(PACKAGE_ROOT.rglob("*.py"))
+    for link in linked_packages():
+        files += (REPO_ROOT / link.name).rglob("*.py")
     return sorted(files)
+
+
+def test_each_link_names_the_top_level_folder_of_the_same_name() -> None:
+    names = [link.name for link in linked_packages()]
+    assert names == ["extension", "gateway", "kernels", "raft", "scheduler", "tools"]
+    for link in linked_packages():
+        assert link.resolve() == REPO_ROOT / link.name, link
+        assert (REPO_ROOT / link.name / "__init__.py").is_file(), link
 
 
 def rule_for(module: str) -> tuple[str, tuple[str, ...]]:
