@@ -13,6 +13,8 @@ Everything two kernelfleet processes must spell alike lives here, and nowhere el
   and the gateway connects to it;
 - `ReplicaEnv`: the environment variables of a replica's process (the host agent sets them,
   the replica and the code in it read them).
+- `AGENT_RUNTIME_FILE` and `AgentRuntime`: the file a running host agent leaves in its state
+  dir, which the gateway's host provider and the tests read to know it listens.
 
 The values are wire strings: replicas of an older release, stored gateway state, tests and
 clients rely on them, so they never change (tests/test_protocol.py pins them). Members may be
