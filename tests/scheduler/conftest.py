@@ -8,6 +8,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 JUNE_TRACE = REPO.parent / "shared" / "traces" / "sensei_june_60sec.csv"
+POLICY_FIELDS = frozenset(
+    {
+        "gpu_hours_provisioned",
+        "gpu_hours_committed",
+        "start_delay_s",
+        "migrations",
+        "scale_outs",
+        "scale_ins",
+        "events",
+    }
+)
+"""The fields of one policy's result in the simulator's JSON, as the README documents them."""
 
 
 @pytest.fixture

@@ -14,16 +14,9 @@ from kernelfleet.scheduler.simulator.app import SimulateApp
 from kernelfleet.scheduler.simulator.config import SimulationConfig
 from kernelfleet.scheduler.simulator.report import resolve_policy
 
+from .conftest import POLICY_FIELDS
+
 HEADER = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
-POLICY_FIELDS = {
-    "gpu_hours_provisioned",
-    "gpu_hours_committed",
-    "start_delay_s",
-    "migrations",
-    "scale_outs",
-    "scale_ins",
-    "events",
-}
 
 
 def run_app(*argv: str) -> None:

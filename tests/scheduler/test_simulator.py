@@ -12,6 +12,8 @@ from kernelfleet.scheduler.simulator import SimulationConfig, simulate
 from kernelfleet.scheduler.simulator.metrics import percentile
 from kernelfleet.scheduler.trace import Trace, TraceEvent, recover_sessions
 
+from .conftest import POLICY_FIELDS
+
 
 def trace(*events: tuple[int, float, float]) -> Trace:
     """Events as (gpus, submit minute, duration minutes), in file order."""
@@ -154,15 +156,7 @@ def test_cells_larger_than_a_host_are_counted_as_rejected() -> None:
 
 def test_json_has_exactly_the_documented_fields() -> None:
     result = simulate(ONE_SESSION, [NotebookOSPolicy()], FIXED)["notebookos"]
-    assert set(result.as_json()) == {
-        "gpu_hours_provisioned",
-        "gpu_hours_committed",
-        "start_delay_s",
-        "migrations",
-        "scale_outs",
-        "scale_ins",
-        "events",
-    }
+    assert set(result.as_json()) == POLICY_FIELDS
     assert set(result.as_json()["start_delay_s"]) == {"p50", "p95", "p99"}
 
 
