@@ -1,5 +1,9 @@
 """nbclient (and so papermill) executes notebooks on the fleet with no server in between."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import nbformat
 import pytest
 from jupyter_server.gateway.gateway_client import GatewayClient
@@ -8,6 +12,8 @@ from nbclient import NotebookClient
 from kernelfleet.extension.gateway_client import FleetKernelManager
 
 pytestmark = pytest.mark.timeout(120)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_nbclient_runs_a_notebook_on_the_fleet(fleet):
@@ -26,3 +32,32 @@ async def test_nbclient_runs_a_notebook_on_the_fleet(fleet):
     await km.shutdown_kernel()
     assert km.kernel_id not in [k["id"] for k in fleet.api("GET", "/api/kernels")]
     GatewayClient.clear_instance()
+
+
+def readme_block(after: str) -> str:
+    """The first ```python block of README.md after the line `after`."""
+    text = (REPO_ROOT / "README.md").read_text()
+    start = text.index("```python\n", text.index(after)) + len("```python\n")
+    return text[start : text.index("```", start)]
+
+
+def test_the_readmes_nbclient_script_runs_as_written(fleet, tmp_path):
+    """The README's script, run as a user runs it (a plain synchronous Python process), leaves
+    no kernel behind and no coroutine unawaited."""
+    script = readme_block("## Run notebooks from scripts")
+    script = script.replace("http://127.0.0.1:8765", fleet.url).replace(
+        '"TOKEN"', repr(fleet.token)
+    )
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+    nbformat.write(notebook, tmp_path / "train.ipynb")
+    script += "\nprint(notebook.cells[0].outputs[0]['text'], end='')\n"
+    done = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "42\n"
+    assert fleet.api("GET", "/api/kernels") == []
