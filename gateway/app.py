@@ -27,6 +27,7 @@ from kernelfleet.gateway.kernel_service import KernelService
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
 from kernelfleet.gateway.records import ReplicationSettings
 from kernelfleet.gateway.store import KernelStore
+from kernelfleet.runtime_file import GatewayRuntime, remove_runtime, write_runtime
 from kernelfleet.scheduler import AutoscaleConfig, StateSync, load_policy
 from kernelfleet.scheduler.policies import cluster_subscription_ratio
 from kernelfleet.scheduler.usage import UsageWindow
@@ -75,7 +76,10 @@ class GatewayApp(Application):
     )
     state_dir = Unicode(
         config=True,
-        help="Gateway state folder. Default: $KERNELFLEET_STATE_DIR, else .kernelfleet/gateway.",
+        help=(
+            "Gateway state folder (its kernels, and runtime.json while it runs: url, port, pid)."
+            " Default: $KERNELFLEET_STATE_DIR, else .kernelfleet/gateway."
+        ),
     )
     policy = Unicode(
         "notebookos", config=True, help="Scheduling policy (entry point in kernelfleet.policies)."
@@ -294,6 +298,7 @@ class GatewayApp(Application):
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         log.info("gateway listening on http://%s:%d (policy %s)", self.ip, self.port, self.policy)
+        write_runtime(self.state_dir, GatewayRuntime(self.local_url(), self.port, os.getpid()))
         watcher = asyncio.create_task(self._watch_hosts(stop))
         sampler = asyncio.create_task(self._sample_usage(stop))
         recovery = asyncio.create_task(self.kernels.recover(grace=self.heartbeat_timeout))
@@ -303,6 +308,7 @@ class GatewayApp(Application):
             scaling = asyncio.create_task(self._autoscale(self.autoscaler, stop))
         await stop.wait()
         log.info("gateway stopping")
+        remove_runtime(self.state_dir)
         server.stop()
         watcher.cancel()
         sampler.cancel()
@@ -319,13 +325,18 @@ class GatewayApp(Application):
             await self.autoscaler.provider.close()
         self.hosts.close()
 
-    def _host_provider(self) -> LocalProcessHostProvider:
-        """Local host agents with virtual GPUs, registering with this gateway."""
+    def local_url(self) -> str:
+        """The URL a process on this machine reaches the gateway at (loopback for a wildcard
+        ``ip``); known once it listens."""
         address = "127.0.0.1" if self.ip in ("", "0.0.0.0") else self.ip
         if ":" in address:
             address = "[::1]" if address == "::" else f"[{address}]"
+        return f"http://{address}:{self.port}"
+
+    def _host_provider(self) -> LocalProcessHostProvider:
+        """Local host agents with virtual GPUs, registering with this gateway."""
         return LocalProcessHostProvider(
-            f"http://{address}:{self.port}",
+            self.local_url(),
             self.token,
             Path(self.state_dir, "autoscaled"),
             gpus_per_host=self.autoscale_gpus_per_host,

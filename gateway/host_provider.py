@@ -21,10 +21,10 @@ from kernelfleet.gateway.processes import (
     host_agent_args,
     kill_group,
     log_tail,
-    read_agent_runtime,
     spawn_kernelfleet,
     terminate,
 )
+from kernelfleet.runtime_file import AgentRuntime, read_runtime
 
 log = logging.getLogger("kernelfleet.gateway.hosts.provider")
 
@@ -165,7 +165,7 @@ class LocalProcessHostProvider(HostProvider):
         same state dir names another pid and does not count."""
         deadline = time.monotonic() + self.start_timeout
         while True:
-            if read_agent_runtime(self.state_dir / host_id, process.pid) is not None:
+            if read_runtime(self.state_dir / host_id, AgentRuntime, process.pid) is not None:
                 return
             if process.poll() is not None:
                 raise HostUnavailable(

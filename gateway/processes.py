@@ -3,15 +3,14 @@ provider start and stop them.
 
 Each runs as ``python -m kernelfleet ...`` in its own session (so a signal to its process
 group reaches its kernels too), with stdout and stderr appended to a log file. The token
-travels in the environment, never on a command line, where ``ps`` would show it. A host agent
-says that it listens, and where, in its runtime file (`read_agent_runtime`); nothing here reads
-a log to learn that.
+travels in the environment, never on a command line, where ``ps`` would show it. A process
+says that it listens, and where, in its runtime file (`kernelfleet.runtime_file`); nothing
+here reads a log to learn that.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -19,8 +18,6 @@ import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-
-from kernelfleet.protocol import AGENT_RUNTIME_FILE, AgentRuntime
 
 
 def spawn_kernelfleet(
@@ -87,41 +84,3 @@ def log_tail(log_path: Path, lines: int = 8) -> str:
         return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return ""
-
-
-def pid_alive(pid: int) -> bool:
-    """True while process `pid` runs; a zombie (exited, not yet reaped) counts as gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # it runs, as another user
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True  # no /proc to ask: os.kill found it
-    return state != "Z"
-
-
-def read_agent_runtime(state_dir: Path, pid: int | None = None) -> AgentRuntime | None:
-    """The runtime file of the host agent whose state dir is `state_dir`, if that agent runs.
-
-    None while there is none (the agent does not listen yet, or stopped cleanly), when the file
-    does not parse, when its pid no longer runs (a stale file: the agent was killed), and, given
-    `pid` (the process the caller started), when the file is another process's (an earlier
-    agent's in the same state dir). Never raises for what it finds in the file.
-    """
-    try:
-        found = json.loads((Path(state_dir) / AGENT_RUNTIME_FILE).read_text())
-        runtime = AgentRuntime(
-            host_id=str(found["host_id"]),
-            address=str(found["address"]),
-            port=int(found["port"]),
-            pid=int(found["pid"]),
-        )
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-    if pid is not None and runtime.pid != pid:
-        return None
-    return runtime if pid_alive(runtime.pid) else None

@@ -13,8 +13,6 @@ Everything two kernelfleet processes must spell alike lives here, and nowhere el
   and the gateway connects to it;
 - `ReplicaEnv`: the environment variables of a replica's process (the host agent sets them,
   the replica and the code in it read them).
-- `AGENT_RUNTIME_FILE` and `AgentRuntime`: the file a running host agent leaves in its state
-  dir, which the gateway's host provider and the tests read to know it listens.
 
 The values are wire strings: replicas of an older release, stored gateway state, tests and
 clients rely on them, so they never change (tests/test_protocol.py pins them). Members may be
@@ -291,20 +289,3 @@ class ReplicaEnv(enum.StrEnum):
     agent starts a replica with it empty (whatever the agent's own value, which for the agent is
     its virtual GPU count), the replica sets it around each cell
     (`kernelfleet.kernels.replica.gpu_binding`)."""
-
-
-AGENT_RUNTIME_FILE = "runtime.json"
-"""A running host agent's runtime file, in its state dir: written (in one rename) once its API
-listens, removed when it stops cleanly. Its JSON object holds the fields of `AgentRuntime`."""
-
-
-@dataclass(frozen=True)
-class AgentRuntime:
-    """What a running host agent writes in its runtime file, and its readers expect."""
-
-    host_id: str
-    address: str
-    """The URL the gateway reaches the agent at (its ``--advertise-url``, else ip and port)."""
-    port: int
-    """The port its API listens on (the one it picked, for ``--port 0``)."""
-    pid: int

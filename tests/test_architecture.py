@@ -23,18 +23,20 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # the pure layers: no process, no I/O of their own
     "kernelfleet.errors": (),
     "kernelfleet.protocol": (),
+    "kernelfleet.runtime_file": (),
     "kernelfleet.raft": SHARED,
     "kernelfleet.scheduler": SHARED,
     # the processes
     "kernelfleet.gateway": (
         *SHARED,
         "kernelfleet.web",
+        "kernelfleet.runtime_file",
         "kernelfleet.scheduler",
         "kernelfleet.raft",
         "kernelfleet.kernels.agent.client",
         "kernelfleet.kernels.objectstore",
     ),
-    "kernelfleet.kernels.agent": (*SHARED, "kernelfleet.web"),
+    "kernelfleet.kernels.agent": (*SHARED, "kernelfleet.web", "kernelfleet.runtime_file"),
     "kernelfleet.kernels.replica": (*SHARED, "kernelfleet.raft", "kernelfleet.kernels.objectstore"),
     "kernelfleet.kernels.objectstore": SHARED,
     "kernelfleet.extension": (*SHARED, "kernelfleet.client"),

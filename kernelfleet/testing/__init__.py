@@ -16,7 +16,7 @@ The helpers, importable from here:
 - `wait_for`, `wait_until` (`.deadlines`): poll a condition until a deadline, sync or async;
 - `free_port`, `descendants`, `exited_pid`, `kill_all` (`.processes`): ports and process trees;
 - `percentile` (`.stats`): the benchmarks' nearest-rank percentile;
-- `pid_alive`: production's own (`kernelfleet.gateway.processes`), as tests must use it.
+- `pid_alive`: production's own (`kernelfleet.runtime_file`), as tests must use it.
 
 Helpers that reach one replica past the gateway (a cell, its status, its namespace digest) are
 in `kernelfleet.testing.replicas`, imported by the tests that need them.
@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from kernelfleet.gateway.processes import pid_alive
+from kernelfleet.runtime_file import pid_alive
 from kernelfleet.testing.deadlines import wait_for, wait_until
 from kernelfleet.testing.fleet import TOKEN, Fleet, start_fleet
 from kernelfleet.testing.http import call_json

@@ -26,9 +26,10 @@ from kernelfleet.gateway.processes import (
     spawn_kernelfleet,
     terminate,
 )
+from kernelfleet.runtime_file import GatewayRuntime, read_runtime
 from kernelfleet.testing.deadlines import wait_for
 from kernelfleet.testing.http import call_json
-from kernelfleet.testing.processes import descendants, free_port, kill_all
+from kernelfleet.testing.processes import descendants, kill_all
 from kernelfleet.testing.websocket import KernelWebsocket
 
 TOKEN = "test-token-0123456789abcdef"
@@ -56,13 +57,22 @@ class Fleet:
         return spawn_kernelfleet(args, self.log_path(label), self.token, self.env, launcher)
 
     def start_gateway(self, *args: str, port: int = 0) -> None:
-        """Start the gateway on `ip`:`port` (0: a free port) and wait until its API answers."""
-        port = port or free_port(self.ip)
-        self.url = f"http://{self.ip}:{port}"
-        self.gateway = self.spawn(
+        """Start the gateway on `ip`:`port` (0: the system picks) and wait until it listens
+        (its runtime file names it) and its API answers."""
+        state_dir = self.state_dir / "gateway"
+        gateway = self.gateway = self.spawn(
             "gateway", "gateway", "--ip", self.ip, "--port", str(port),
-            "--state-dir", str(self.state_dir / "gateway"), *args,
+            "--state-dir", str(state_dir), *args,
         )  # fmt: skip
+
+        def listening() -> bool:
+            self.check_running("gateway")
+            runtime = read_runtime(state_dir, GatewayRuntime, gateway.pid)
+            if runtime is not None:
+                self.url = runtime.url
+            return runtime is not None
+
+        wait_for(listening, 30, "the gateway's runtime file")
         wait_for(self._gateway_answers, 30, "the gateway to answer")
 
     def _gateway_answers(self) -> bool:

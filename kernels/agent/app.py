@@ -16,16 +16,13 @@ Once it listens, the agent writes its runtime file, ``<state_dir>/runtime.json``
 
 The file appears whole (written aside, then renamed into place) and is removed as the agent
 starts a clean exit. An agent that was killed leaves its file behind: a reader must take a file
-whose pid no longer runs for stale, never for a live agent. ``read_agent_runtime`` in
-`kernelfleet.gateway.processes` does so; the local host provider and the tests wait with it.
+whose pid no longer runs for stale, never for a live agent. `kernelfleet.runtime_file` writes
+and reads it; the local host provider and the tests wait with it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
-import json
 import logging
 import os
 import re
@@ -61,7 +58,7 @@ from kernelfleet.kernels.agent.gpus import (
 from kernelfleet.kernels.agent.handlers import handlers
 from kernelfleet.kernels.agent.heartbeat import GatewayHeartbeat
 from kernelfleet.kernels.agent.replicas import ID_PATTERN, ReplicaTable
-from kernelfleet.protocol import AGENT_RUNTIME_FILE, AgentRuntime
+from kernelfleet.runtime_file import AgentRuntime, remove_runtime, write_runtime
 
 PACKAGED_KERNELSPECS = Path(__file__).resolve().parent / "kernelspecs"
 
@@ -476,7 +473,10 @@ class HostAgentApp(Application):
             loop.add_signal_handler(signum, self._on_signal, signum, stopping)
         server = HTTPServer(self.web_app)
         server.add_sockets(self.sockets)
-        self.write_runtime_file()
+        write_runtime(
+            self.state_path,
+            AgentRuntime(self.host_id, self.address, self.bound_port, os.getpid()),
+        )
         self.log.info(
             "host agent %s listening on %s with %d GPU(s); state in %s; gateway %s",
             self.host_id,
@@ -490,7 +490,7 @@ class HostAgentApp(Application):
         try:
             await stopping.wait()
         finally:
-            self.remove_runtime_file()
+            remove_runtime(self.state_path)
 
         if self.heartbeat is not None:
             self.heartbeat.stop()
@@ -504,21 +504,6 @@ class HostAgentApp(Application):
             await asyncio.wait_for(server.close_all_connections(), timeout=1.0)
         except TimeoutError:
             self.log.debug("some API connections were still open at exit")
-
-    def write_runtime_file(self) -> None:
-        """Write ``<state_dir>/runtime.json`` (see the module docstring) in one rename."""
-        runtime = AgentRuntime(self.host_id, self.address, self.bound_port, os.getpid())
-        path = self.state_path / AGENT_RUNTIME_FILE
-        aside = path.with_name(f".{AGENT_RUNTIME_FILE}.{os.getpid()}")
-        aside.write_text(json.dumps(dataclasses.asdict(runtime)) + "\n")
-        os.replace(aside, path)
-
-    def remove_runtime_file(self) -> None:
-        """Remove the runtime file, unless another process has put its own there since."""
-        path = self.state_path / AGENT_RUNTIME_FILE
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            if json.loads(path.read_text()).get("pid") == os.getpid():
-                path.unlink()
 
     def _on_signal(self, signum: int, stopping: asyncio.Event) -> None:
         if stopping.is_set():

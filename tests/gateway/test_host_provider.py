@@ -14,7 +14,7 @@ from kernelfleet.errors import HostLimitReached, HostUnavailable, NotFound
 from kernelfleet.gateway.autoscaler import Autoscaler
 from kernelfleet.gateway.host_provider import LocalProcessHostProvider
 from kernelfleet.gateway.metrics import FleetMetrics
-from kernelfleet.protocol import AGENT_RUNTIME_FILE
+from kernelfleet.runtime_file import RUNTIME_FILE
 from kernelfleet.scheduler import AutoscaleConfig, FleetSnapshot, HostSnapshot, ScaleIn, ScaleOut
 from kernelfleet.scheduler.policies import NotebookOSPolicy
 from kernelfleet.testing import TOKEN, Fleet, exited_pid, wait_until
@@ -138,7 +138,7 @@ async def test_a_runtime_file_left_in_the_state_dir_is_not_taken_for_the_new_age
     pid = exited_pid() if writer == "a killed agent" else os.getpid()
     (tmp_path / "auto-1").mkdir()
     runtime = {"host_id": "auto-1", "address": "http://127.0.0.1:9", "port": 9, "pid": pid}
-    (tmp_path / "auto-1" / AGENT_RUNTIME_FILE).write_text(json.dumps(runtime))
+    (tmp_path / "auto-1" / RUNTIME_FILE).write_text(json.dumps(runtime))
     provider = LocalProcessHostProvider(
         "http://127.0.0.1:9", TOKEN, tmp_path, extra_args=["--port", "99999"]
     )

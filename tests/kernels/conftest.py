@@ -25,8 +25,9 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 import kernelfleet
-from kernelfleet.gateway.processes import pid_alive, read_agent_runtime, spawn_kernelfleet
+from kernelfleet.gateway.processes import spawn_kernelfleet
 from kernelfleet.kernels.agent.client import HostAgentClient
+from kernelfleet.runtime_file import AgentRuntime, pid_alive, read_runtime
 from kernelfleet.testing import wait_until
 
 TOKEN = "host-agent-test-token-0123456789"
@@ -161,7 +162,7 @@ def host_agent(
         def listening() -> str | None:
             if process.poll() is not None:
                 pytest.fail(f"the agent exited with {process.returncode}:\n{agent.log()[-3000:]}")
-            runtime = read_agent_runtime(state_dir, process.pid)
+            runtime = read_runtime(state_dir, AgentRuntime, process.pid)
             return runtime.address if runtime else None
 
         agent.address = await wait_until(listening, 30, "the agent's runtime file")

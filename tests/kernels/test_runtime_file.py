@@ -8,8 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from kernelfleet.gateway.processes import read_agent_runtime
-from kernelfleet.protocol import AGENT_RUNTIME_FILE, AgentRuntime
+from kernelfleet.runtime_file import RUNTIME_FILE, AgentRuntime, read_runtime
 
 from .conftest import AgentProcess
 
@@ -23,16 +22,16 @@ async def test_the_runtime_file_says_where_the_agent_listens_until_it_exits(
 ) -> None:
     agent = await host_agent()
     pid = agent.process.pid
-    runtime = read_agent_runtime(agent.state_dir, pid)
+    runtime = read_runtime(agent.state_dir, AgentRuntime, pid)
     assert runtime is not None
     port = int(agent.address.rsplit(":", 1)[1])
     assert runtime == AgentRuntime(agent.host_id, f"http://127.0.0.1:{port}", port, pid)
     assert (await agent.client.host_info())["id"] == agent.host_id  # it answers there
-    assert not list(agent.state_dir.glob(f".{AGENT_RUNTIME_FILE}*")), "nothing left aside"
+    assert not list(agent.state_dir.glob(f".{RUNTIME_FILE}*")), "nothing left aside"
 
     agent.signal(signal.SIGTERM)
     assert await agent.wait_exit(15) == 0
-    assert not (agent.state_dir / AGENT_RUNTIME_FILE).exists()
+    assert not (agent.state_dir / RUNTIME_FILE).exists()
 
 
 async def test_a_killed_agent_leaves_a_stale_file_that_names_no_agent(
@@ -41,6 +40,6 @@ async def test_a_killed_agent_leaves_a_stale_file_that_names_no_agent(
     agent = await host_agent()
     agent.signal(signal.SIGKILL)
     await agent.wait_exit(10)
-    assert (agent.state_dir / AGENT_RUNTIME_FILE).exists()
-    assert read_agent_runtime(agent.state_dir) is None
-    assert read_agent_runtime(agent.state_dir, agent.process.pid) is None
+    assert (agent.state_dir / RUNTIME_FILE).exists()
+    assert read_runtime(agent.state_dir, AgentRuntime) is None
+    assert read_runtime(agent.state_dir, AgentRuntime, agent.process.pid) is None
