@@ -25,8 +25,8 @@ from typing import Protocol
 
 from kernelfleet.errors import FleetError, InvalidRequest
 from kernelfleet.gateway.framing import ClientMessage
-from kernelfleet.gateway.states import Transitions, check_transition
 from kernelfleet.protocol import METADATA_KEY, CellKey, ErrorName, options_of
+from kernelfleet.states import Transitions, check_transition
 
 log = logging.getLogger("kernelfleet.gateway.cells")
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kernelfleet.errors import InvalidRequest, NotFound
-from kernelfleet.gateway.states import Transitions, check_transition
 from kernelfleet.kernels.agent.client import HostAgentClient
+from kernelfleet.states import Transitions, check_transition
 
 log = logging.getLogger("kernelfleet.gateway.hosts")
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.gateway.channels import KernelLink
-from kernelfleet.gateway.states import Transitions, check_transition
 from kernelfleet.protocol import ConnectionInfo
+from kernelfleet.states import Transitions, check_transition
 
 log = logging.getLogger("kernelfleet.gateway.records")
 

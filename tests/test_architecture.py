@@ -18,11 +18,12 @@ PACKAGE_ROOT = Path(kernelfleet.__file__).resolve().parent
 REPO_ROOT = PACKAGE_ROOT.parent
 
 # package -> the kernelfleet packages it may import besides itself.
-SHARED = ("kernelfleet.errors", "kernelfleet.protocol")
+SHARED = ("kernelfleet.errors", "kernelfleet.protocol", "kernelfleet.states")
 ALLOWED: dict[str, tuple[str, ...]] = {
     # the pure layers: no process, no I/O of their own
     "kernelfleet.errors": (),
     "kernelfleet.protocol": (),
+    "kernelfleet.states": (),
     "kernelfleet.runtime_file": (),
     "kernelfleet.raft": SHARED,
     "kernelfleet.scheduler": SHARED,

@@ -32,6 +32,7 @@ from traitlets.config import Configurable
 
 from kernelfleet.errors import Conflict, InvalidRequest, KernelDead, KernelStartFailed, NotFound
 from kernelfleet.protocol import CONNECTION_KEYS, ReplicaEnv
+from kernelfleet.states import Transitions, check_transition
 
 log = logging.getLogger("kernelfleet.host.replicas")
 
@@ -55,7 +56,7 @@ class ReplicaState(enum.Enum):
     STOPPED = "stopped"
 
 
-_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
+_TRANSITIONS: Transitions[ReplicaState] = {
     ReplicaState.STARTING: frozenset({ReplicaState.READY, ReplicaState.DEAD, ReplicaState.STOPPED}),
     ReplicaState.READY: frozenset(
         {ReplicaState.RESTARTING, ReplicaState.DEAD, ReplicaState.STOPPED}
@@ -66,10 +67,6 @@ _TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
     ReplicaState.DEAD: frozenset({ReplicaState.RESTARTING, ReplicaState.STOPPED}),
     ReplicaState.STOPPED: frozenset(),
 }
-
-
-class IllegalTransition(RuntimeError):
-    """A replica was asked to move to a state its current state does not lead to (a bug)."""
 
 
 @dataclass(frozen=True)
@@ -173,11 +170,7 @@ class Replica:
         self.log_file = open(self.log_path, "ab")  # noqa: SIM115 (closed by ReplicaTable._discard)
 
     def move_to(self, state: ReplicaState) -> None:
-        if state not in _TRANSITIONS[self.state]:
-            raise IllegalTransition(
-                f"replica {self.id}: illegal transition {self.state.value} -> {state.value}"
-            )
-        self.state = state
+        self.state = check_transition(_TRANSITIONS, f"replica {self.id}", self.state, state)
 
     @property
     def pid(self) -> int | None:

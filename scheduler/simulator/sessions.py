@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from kernelfleet.scheduler.simulator.cluster import SimKernel
 from kernelfleet.scheduler.trace import Session
+from kernelfleet.states import Transitions, check_transition
 
 
 class SessionState(enum.Enum):
@@ -17,17 +18,13 @@ class SessionState(enum.Enum):
     ENDED = "ended"  # its kernel is gone, or it was rejected
 
 
-TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
+TRANSITIONS: Transitions[SessionState] = {
     SessionState.NOT_STARTED: frozenset({SessionState.ADMITTING}),
     SessionState.ADMITTING: frozenset({SessionState.ACTIVE, SessionState.ENDED}),
     SessionState.ACTIVE: frozenset({SessionState.RECLAIMED, SessionState.ENDED}),
     SessionState.RECLAIMED: frozenset({SessionState.ADMITTING}),
     SessionState.ENDED: frozenset(),
 }
-
-
-class IllegalTransition(RuntimeError):
-    """A session asked to move where the table does not allow (an engine bug)."""
 
 
 @dataclass
@@ -41,8 +38,4 @@ class SimSession:
     next_submit: float = 0.0  # when that cell is (or was) submitted, shifted by past delays
 
     def move(self, to: SessionState) -> None:
-        if to not in TRANSITIONS[self.state]:
-            raise IllegalTransition(
-                f"session {self.trace.id}: {self.state.value} -> {to.value} is not allowed"
-            )
-        self.state = to
+        self.state = check_transition(TRANSITIONS, f"session {self.trace.id}", self.state, to)

@@ -22,7 +22,7 @@ from kernelfleet.gateway.records import (
     ReplicaRecord,
     ReplicaState,
 )
-from kernelfleet.gateway.states import IllegalTransition
+from kernelfleet.states import IllegalTransition
 
 NOWHERE = ConnectionInfo("127.0.0.1", 1, 2, 3, 4, 5, "key")
 REPORT = {"address": "http://127.0.0.1:1", "gpus": [], "replicas": []}

@@ -10,12 +10,12 @@ from traitlets import TraitError
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.kernels.agent.app import load_or_create_host_id
 from kernelfleet.kernels.agent.replicas import (
-    IllegalTransition,
     Replica,
     ReplicaRequest,
     ReplicaState,
     parse_timeout,
 )
+from kernelfleet.states import IllegalTransition
 
 S = ReplicaState
 LEGAL = {

@@ -19,8 +19,9 @@ from kernelfleet.scheduler import (
     RunOn,
 )
 from kernelfleet.scheduler.simulator.cluster import SimKernel
-from kernelfleet.scheduler.simulator.sessions import IllegalTransition, SessionState, SimSession
+from kernelfleet.scheduler.simulator.sessions import SessionState, SimSession
 from kernelfleet.scheduler.trace import Session, TraceEvent
+from kernelfleet.states import IllegalTransition
 
 
 class FirstHost(Policy):

@@ -1,8 +1,10 @@
-"""What the gateway's state machines share: a transition table and the error for a bad move.
+"""What every state machine of kernelfleet shares: a transition table and the error for a bad move.
 
-Each record with a life (a replica, a host, a cell's outcome) keeps its state as an `enum.Enum`
-whose values are the strings the APIs show, and moves only along its table: every state maps
-to the states it may go to next. `check_transition` is the one place that enforces it.
+Each record with a life (a gateway's replica, host or cell outcome; a host agent's replica; a
+simulated session) keeps its state as an `enum.Enum` whose values are the strings its API
+shows, and moves only along its table: every state maps to the states it may go to next.
+`check_transition` is the one place that enforces it, in every process. This module imports
+nothing from kernelfleet.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ Transitions = Mapping[S, frozenset[S]]
 
 
 class IllegalTransition(RuntimeError):
-    """A record was asked to move to a state its current state does not lead to: a bug in the
-    gateway, never a client's fault (so it is no `FleetError`, and HTTP shows it as a 500).
+    """A record was asked to move to a state its current state does not lead to: a bug in
+    kernelfleet, never a client's fault (so it is no `FleetError`, and HTTP shows it as a 500).
 
     ``record`` names the record ("replica 1a2b3c4d-9f8e7d of kernel ..."), ``state`` and
     ``attempted`` are the enum members."""
