@@ -16,10 +16,7 @@ import enum
 import logging
 import math
 import os
-import queue
-import random
 import re
-import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +28,13 @@ from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Configurable
 
 from kernelfleet.errors import Conflict, InvalidRequest, KernelDead, KernelStartFailed, NotFound
+from kernelfleet.kernels.agent.kernel_process import (
+    PORT_TAKEN,
+    StartError,
+    process_exit_code,
+    wait_ready,
+)
+from kernelfleet.kernels.agent.ports import free_ports
 from kernelfleet.protocol import CONNECTION_KEYS, ReplicaEnv
 from kernelfleet.states import Transitions, check_transition
 
@@ -38,10 +42,8 @@ log = logging.getLogger("kernelfleet.host.replicas")
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 LOG_TAIL_LINES = 30
-PORTS_FROM = 20000  # replicas' ZMQ and Raft ports are drawn from here up to the ephemeral range
 ZMQ_PORTS = tuple(key for key in CONNECTION_KEYS if key.endswith("_port"))
 PORT_ATTEMPTS = 3  # launches with fresh ports when another process took one first
-PORT_TAKEN = "Address already in use"
 # Never handed to kernels: user code must not be able to drive the host agent.
 SCRUBBED_ENV = frozenset({"KERNELFLEET_TOKEN"})
 
@@ -411,7 +413,7 @@ class ReplicaTable:
                     log.exception("replica %s: liveness check failed", replica.id)
 
     async def _check_alive(self, replica: Replica) -> None:
-        exit_code = await _exit_code(replica.km)
+        exit_code = await process_exit_code(replica.km)
         if exit_code is not None and replica.state is ReplicaState.READY:
             replica.exit_code = exit_code
             self._set_state(replica, ReplicaState.DEAD)
@@ -492,8 +494,8 @@ class ReplicaTable:
         started = time.monotonic()
         try:
             await launch()
-            await _wait_ready(replica.km, ready_within, lambda: replica.log_tail(offset))
-        except _StartError as e:
+            await wait_ready(replica.km, ready_within, lambda: replica.log_tail(offset))
+        except StartError as e:
             problem = str(e)
         except Exception as e:  # the launch itself failed: missing executable, bad argv, ...
             problem = f"could not be launched: {e}"
@@ -524,13 +526,13 @@ class ReplicaTable:
         binds it (it binds its Raft port at start too, to hold it until it joins its group);
         `start` then retries with new ports."""
         self._ports_given.difference_update(replica.ports)
-        ports = _free_ports(self.kernel_ip, len(ZMQ_PORTS), avoid=self._ports_given)
+        ports = free_ports(self.kernel_ip, len(ZMQ_PORTS), avoid=self._ports_given)
         for name, port in zip(ZMQ_PORTS, ports, strict=True):
             setattr(replica.km, name, port)
         self._ports_given.update(ports)
         replica.ports = ports
         if replica.request.raft:
-            raft_port = _free_ports(self.raft_ip, 1, avoid=self._ports_given)[0]
+            raft_port = free_ports(self.raft_ip, 1, avoid=self._ports_given)[0]
             self._ports_given.add(raft_port)
             replica.ports.append(raft_port)
             replica.raft_address = f"{self.raft_ip}:{raft_port}"
@@ -564,84 +566,6 @@ class ReplicaTable:
             raise Conflict("this host agent is shutting down")
 
 
-class _StartError(Exception):
-    """Internal: why a kernel did not become ready (turned into ``KernelStartFailed``)."""
-
-
-async def _exit_code(km: AsyncKernelManager) -> int | None:
-    """The process's exit code, or None while it runs (or if it was never launched)."""
-    provisioner = km.provisioner
-    if provisioner is None or not provisioner.has_process:
-        return None
-    code = await provisioner.poll()
-    return code if isinstance(code, int) else None
-
-
-async def _wait_exit(km: AsyncKernelManager, interval: float = 0.05) -> int | None:
-    while True:
-        code = await _exit_code(km)
-        if code is not None:
-            return code
-        await asyncio.sleep(interval)
-
-
-async def _kernel_info_answered(kc: Any) -> None:
-    """Ask for ``kernel_info`` (again each second) until the kernel replies.
-
-    Not ``wait_for_ready``: that also waits for IOPub and restarts after 0.2 s of silence there,
-    which costs a quarter of a second per start; the gateway confirms IOPub itself when it links.
-    """
-    while True:
-        msg_id = kc.kernel_info()
-        try:
-            while (await kc.get_shell_msg(timeout=1.0))["parent_header"].get("msg_id") != msg_id:
-                pass
-            return
-        except queue.Empty:
-            continue
-
-
-async def _wait_ready(
-    km: AsyncKernelManager, ready_within: float, log_text: Callable[[], str] = str
-) -> None:
-    """Return once the kernel answered ``kernel_info``; raise ``_StartError`` as soon as the
-    process exits, its log (`log_text`) says a port was taken (ipykernel then hangs rather
-    than exit), or when ``ready_within`` seconds pass."""
-    kc = km.client()
-    kc.start_channels()
-    ready = asyncio.ensure_future(_kernel_info_answered(kc))
-    exited = asyncio.ensure_future(_wait_exit(km))
-    port_taken = asyncio.ensure_future(_wait_for_text(log_text, PORT_TAKEN))
-    try:
-        done, _ = await asyncio.wait(
-            {ready, exited, port_taken}, timeout=ready_within, return_when=asyncio.FIRST_COMPLETED
-        )
-        if ready in done and ready.exception() is None:
-            return
-        if port_taken in done:
-            raise _StartError(f"could not bind its ports ({PORT_TAKEN})")
-        code = await _exit_code(km)
-        if code is not None:
-            raise _StartError(f"exited with code {code} before it was ready")
-        if ready in done:
-            raise _StartError(f"did not become ready: {ready.exception()}")
-        raise _StartError(f"did not answer kernel_info within {ready_within:g} s")
-    finally:
-        for task in (ready, exited, port_taken):
-            task.cancel()
-        await asyncio.gather(ready, exited, port_taken, return_exceptions=True)
-        kc.stop_channels()
-
-
-async def _wait_for_text(text: Callable[[], str], wanted: str, interval: float = 0.2) -> None:
-    """Return once `wanted` appears in `text()` (a log file written by another process, so
-    polled: nothing in this process could signal it)."""
-    while True:
-        if wanted in text():
-            return
-        await asyncio.sleep(interval)
-
-
 async def _kill_quietly(replica: Replica) -> int | None:
     """SIGKILL the replica's process group if it still runs and reap it; return its exit code
     (None if there was no process). Leaves ports and the connection file alone, so a later
@@ -657,43 +581,3 @@ async def _kill_quietly(replica: Replica) -> int | None:
     except Exception:
         log.exception("replica %s: could not kill its process", replica.id)
         return None
-
-
-def _free_ports(ip: str, count: int, avoid: set[int] | frozenset[int] = frozenset()) -> list[int]:
-    """`count` distinct ports free on `ip` now, for a replica to bind once it starts.
-
-    They are drawn below the kernel's ephemeral range: a port from that range (what binding to
-    port 0 gives, and what jupyter_client picks by default) can be taken by any outgoing
-    connection before the replica binds it.
-    """
-    low = _ephemeral_range()[0]
-    held: list[socket.socket] = []
-    try:
-        for port in random.sample(range(PORTS_FROM, low), k=min(256, low - PORTS_FROM)):
-            if port in avoid:
-                continue
-            sock = socket.socket()
-            try:
-                sock.bind((ip, port))
-            except OSError:
-                sock.close()
-                continue
-            held.append(sock)
-            if len(held) == count:
-                break
-        while len(held) < count:  # the low range is crowded: fall back to the kernel's choice
-            sock = socket.socket()
-            sock.bind((ip, 0))
-            held.append(sock)
-        return [int(sock.getsockname()[1]) for sock in held]
-    finally:
-        for sock in held:
-            sock.close()
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default

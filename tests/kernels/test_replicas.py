@@ -127,7 +127,7 @@ async def test_a_port_taken_before_the_kernel_binds_it_is_replaced(
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     port = taken.getsockname()[1]
-    real, handed = module._free_ports, []
+    real, handed = module.free_ports, []
 
     def first_with_a_taken_port(ip, count, avoid=frozenset()):
         ports = real(ip, count, avoid)
@@ -136,7 +136,7 @@ async def test_a_port_taken_before_the_kernel_binds_it_is_replaced(
         handed.append(ports)
         return ports
 
-    monkeypatch.setattr(module, "_free_ports", first_with_a_taken_port)
+    monkeypatch.setattr(module, "free_ports", first_with_a_taken_port)
     table = module.ReplicaTable(
         state_dir=tmp_path, kernel_spec_manager=KernelSpecManager(), root_dir=tmp_path
     )
@@ -167,7 +167,7 @@ async def test_a_raft_port_taken_before_the_replica_holds_it_is_replaced(
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     port = taken.getsockname()[1]
-    real, raft_ports = module._free_ports, []
+    real, raft_ports = module.free_ports, []
 
     def first_raft_port_taken(ip, count, avoid=frozenset()):
         ports = real(ip, count, avoid)
@@ -176,7 +176,7 @@ async def test_a_raft_port_taken_before_the_replica_holds_it_is_replaced(
             raft_ports.append(ports[0])
         return ports
 
-    monkeypatch.setattr(module, "_free_ports", first_raft_port_taken)
+    monkeypatch.setattr(module, "free_ports", first_raft_port_taken)
     specs = KernelSpecManager()
     specs.kernel_dirs.append(str(PACKAGED_KERNELSPECS))
     table = module.ReplicaTable(state_dir=tmp_path, kernel_spec_manager=specs, root_dir=tmp_path)
