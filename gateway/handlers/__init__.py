@@ -7,6 +7,7 @@ from kernelfleet.gateway.handlers.fleet import (
     FleetHostsHandler,
     FleetKernelHandler,
     FleetKernelsHandler,
+    OpenApiHandler,
     ReplicaMigrateHandler,
 )
 from kernelfleet.gateway.handlers.jupyter import (
@@ -34,6 +35,7 @@ def routes() -> list[tuple[str, type]]:
         (rf"/api/kernels/{_KERNEL_ID}/(?P<action>interrupt|restart)/?", KernelActionHandler),
         (rf"/api/kernels/{_KERNEL_ID}/channels", ChannelsHandler),
         (r"/api/fleet/?", FleetHandler),
+        (r"/api/fleet/openapi\.json", OpenApiHandler),
         (r"/api/fleet/hosts/?", FleetHostsHandler),
         (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/?", FleetHostHandler),
         (r"/api/fleet/kernels/?", FleetKernelsHandler),

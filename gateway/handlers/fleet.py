@@ -12,6 +12,7 @@ from kernelfleet import __version__
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.gateway.handlers.base import GatewayHandler
 from kernelfleet.gateway.hosts import HostState
+from kernelfleet.gateway.openapi import spec
 
 
 def host_models(handler: GatewayHandler) -> dict[str, dict[str, Any]]:
@@ -105,3 +106,11 @@ class ReplicaMigrateHandler(GatewayHandler):
             raise InvalidRequest("'host' must be a host id")
         kernel = await self.kernels.migrate(kernel_id, replica_id, host)
         self.write_json(kernel.fleet_model())
+
+
+class OpenApiHandler(GatewayHandler):
+    """``GET /api/fleet/openapi.json``: the admin API's OpenAPI 3 description, its ``servers``
+    naming this gateway as the request reached it, so tools can call it back."""
+
+    def get(self) -> None:
+        self.write_json(spec(f"{self.request.protocol}://{self.request.host}"))

@@ -1,0 +1,322 @@
+"""The admin API's OpenAPI 3 description: the one source of truth for ``/api/fleet/*``.
+
+Written by hand from the handlers in `kernelfleet.gateway.handlers.fleet` and kept true by
+tests/gateway/test_openapi.py, which checks every ``/api/fleet`` route against it and validates
+live responses (and a schemathesis run) against its schemas. ``GET /api/fleet/openapi.json``
+serves `spec`, with ``servers`` naming the gateway that answered. The Jupyter gateway endpoints
+(``/api/kernels``, ``/api/kernelspecs``) are jupyter_server's contract and are not described.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from kernelfleet import __version__
+
+_INT = {"type": "integer", "minimum": 0}
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+_ID = "^[A-Za-z0-9_-][A-Za-z0-9_.-]*$"
+"""Host and replica ids as the routes take them (``[\\w.-]+``), less a leading dot, so that no
+generated id reads as a ``.``/``..`` path segment."""
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _object(properties: dict[str, Any], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A closed JSON object: every property required but the `optional` ones."""
+    schema = {"type": "object", "properties": properties, "additionalProperties": False}
+    required = [name for name in properties if name not in optional]
+    if required:  # OpenAPI 3.0 forbids an empty list
+        schema["required"] = required
+    return schema
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json(_ref("Error"), description)
+
+
+_AUTH_ERRORS = {
+    "401": _error("No token presented (`reason`: `unauthorized`)."),
+    "403": _error("The token is not valid (`reason`: `forbidden`)."),
+}
+
+
+def _path_param(name: str, pattern: str, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": description,
+        "schema": {"type": "string", "pattern": pattern, "minLength": 1},
+    }
+
+
+_HOST_ID = _path_param("host_id", _ID, "A host's id (`host-1`, ...).")
+_KERNEL_ID = _path_param("kernel_id", "^[A-Za-z0-9_-]+$", "A kernel's id.")
+_REPLICA_ID = _path_param("replica_id", _ID, "One of the kernel's replicas' ids.")
+
+_SCHEMAS: dict[str, Any] = {
+    "Error": _object(
+        {
+            "reason": {"type": "string", "description": "A short, stable code: `not-found`..."},
+            "message": {"type": "string", "description": "What went wrong, for a person."},
+        }
+    ),
+    "Fleet": _object(
+        {
+            "version": {"type": "string", "description": "The gateway's kernelfleet version."},
+            "policy": {"type": "string", "description": "The scheduling policy (`--policy`)."},
+            "replicas": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "Replicas per replicated kernel (`--replicas`).",
+            },
+            "hosts": _object({"alive": _INT, "lost": _INT}),
+            "gpus": {
+                **_object({"total": _INT, "subscribed": _INT, "committed": _INT}),
+                "description": "The alive hosts' GPUs, summed.",
+            },
+            "kernels": _INT,
+            "autoscaling": {
+                **_object(
+                    {
+                        "min_hosts": _INT,
+                        "max_hosts": {**_INT, "description": "0: no limit."},
+                        "gpus_per_host": _INT,
+                        "hosts_started": _STRINGS,
+                        "last_round": {
+                            **_object(
+                                {
+                                    "decision": {"type": "string"},
+                                    "started": _STRINGS,
+                                    "stopped": _STRINGS,
+                                    "skipped": {
+                                        "type": "array",
+                                        "items": _object(
+                                            {
+                                                "subject": {"type": "string"},
+                                                "why": {"type": "string"},
+                                            }
+                                        ),
+                                    },
+                                }
+                            ),
+                            "nullable": True,
+                            "description": "The latest round that did not hold; null before one.",
+                        },
+                    }
+                ),
+                "nullable": True,
+                "description": "The autoscaler; null when it does not run.",
+            },
+        }
+    ),
+    "Host": _object(
+        {
+            "id": {"type": "string"},
+            "address": {"type": "string", "description": "The host agent's http(s) URL."},
+            "state": {"type": "string", "enum": ["alive", "lost"]},
+            "gpus": _object(
+                {
+                    "total": _INT,
+                    "subscribed": _INT,
+                    "committed": {**_INT, "description": "Never more than `total`."},
+                    "vanished": {
+                        **_STRINGS,
+                        "description": "Devices no longer reported that running cells hold.",
+                    },
+                    "over_committed": {"type": "boolean"},
+                }
+            ),
+        }
+    ),
+    "HostReport": {
+        **_object(
+            {
+                "address": {"type": "string", "pattern": "^https?://"},
+                "id": {"type": "string", "description": "If given, the path's host id."},
+                "instance": {"type": "string", "description": "The agent process's identity."},
+                "gpus": {"type": "array", "items": {"type": "object"}},
+                "replicas": {"type": "array", "items": {"type": "object"}},
+            },
+            optional=("id", "instance", "gpus", "replicas"),
+        ),
+        "additionalProperties": True,
+    },
+    "HostAck": _object({"id": {"type": "string"}, "state": {"type": "string", "enum": ["alive"]}}),
+    "Replica": _object(
+        {
+            "id": {"type": "string"},
+            "host": {"type": "string"},
+            "pid": {"type": "integer", "nullable": True},
+            "state": {
+                "type": "string",
+                "enum": [
+                    "starting",
+                    "ready",
+                    "executing",
+                    "restarting",
+                    "catching-up",
+                    "dead",
+                    "stopped",
+                ],
+            },
+        }
+    ),
+    "Kernel": _object(
+        {
+            "id": {"type": "string"},
+            "name": {"type": "string", "description": "Its kernelspec."},
+            "replicas": {"type": "array", "items": _ref("Replica")},
+            "executor": {
+                "type": "string",
+                "nullable": True,
+                "description": "The replica that runs its cells; null when none was chosen yet.",
+            },
+        }
+    ),
+    "Migration": _object(
+        {"host": {"type": "string", "description": "Where to; left out: the policy chooses."}},
+        optional=("host",),
+    ),
+}
+
+_PATHS: dict[str, Any] = {
+    "/api/fleet": {
+        "get": {
+            "operationId": "getFleet",
+            "summary": "What the gateway runs and a summary of the fleet.",
+            "responses": {"200": _json(_ref("Fleet"), "The fleet."), **_AUTH_ERRORS},
+        }
+    },
+    "/api/fleet/openapi.json": {
+        "get": {
+            "operationId": "getOpenApi",
+            "summary": "This description, `servers` naming the gateway that served it.",
+            "responses": {"200": _json({"type": "object"}, "OpenAPI 3."), **_AUTH_ERRORS},
+        }
+    },
+    "/api/fleet/hosts": {
+        "get": {
+            "operationId": "listHosts",
+            "summary": "Every host the gateway knows.",
+            "responses": {
+                "200": _json({"type": "array", "items": _ref("Host")}, "The hosts."),
+                **_AUTH_ERRORS,
+            },
+        }
+    },
+    "/api/fleet/hosts/{host_id}": {
+        "parameters": [_HOST_ID],
+        "get": {
+            "operationId": "getHost",
+            "summary": "One host.",
+            "responses": {
+                "200": _json(_ref("Host"), "The host."),
+                "404": _error("No such host."),
+                **_AUTH_ERRORS,
+            },
+        },
+        "put": {
+            "operationId": "reportHost",
+            "summary": "A host agent's registration and heartbeat (one idempotent call).",
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref("HostReport")}},
+            },
+            "responses": {
+                "200": _json(_ref("HostAck"), "Recorded; the host is alive."),
+                "400": _error("Not a valid report."),
+                **_AUTH_ERRORS,
+            },
+        },
+    },
+    "/api/fleet/kernels": {
+        "get": {
+            "operationId": "listKernels",
+            "summary": "Every kernel and its replicas.",
+            "responses": {
+                "200": _json({"type": "array", "items": _ref("Kernel")}, "The kernels."),
+                **_AUTH_ERRORS,
+            },
+        }
+    },
+    "/api/fleet/kernels/{kernel_id}": {
+        "parameters": [_KERNEL_ID],
+        "get": {
+            "operationId": "getKernel",
+            "summary": "One kernel and its replicas.",
+            "responses": {
+                "200": _json(_ref("Kernel"), "The kernel."),
+                "404": _error("No such kernel."),
+                **_AUTH_ERRORS,
+            },
+        },
+    },
+    "/api/fleet/kernels/{kernel_id}/replicas/{replica_id}/migrate": {
+        "parameters": [_KERNEL_ID, _REPLICA_ID],
+        "post": {
+            "operationId": "migrateReplica",
+            "summary": "Move a replica: a new one joins the group in its place, then it stops.",
+            "requestBody": {
+                "required": False,
+                "content": {"application/json": {"schema": _ref("Migration")}},
+            },
+            "responses": {
+                "200": _json(_ref("Kernel"), "Moved; the kernel as it is now."),
+                "400": _error("Not a valid body."),
+                "404": _error("No such kernel, replica or host."),
+                "409": _error(
+                    "It cannot move: the kernel is not replicated, the replica is not ready, "
+                    "or the host is lost or already holds one of the kernel's replicas."
+                ),
+                "500": _error("The new replica failed to start (`kernel-start-failed`)."),
+                "502": _error("A host agent did not answer."),
+                "503": _error("No host can take the new replica."),
+                **_AUTH_ERRORS,
+            },
+        },
+    },
+}
+
+_SPEC: dict[str, Any] = {
+    "openapi": "3.0.3",
+    "info": {
+        "title": "kernelfleet admin API",
+        "version": __version__,
+        "description": (
+            "Hosts and kernels as the platform sees them. Field names are a stable contract. "
+            'Every error is JSON `{"reason", "message"}`.'
+        ),
+    },
+    "paths": _PATHS,
+    "components": {
+        "schemas": _SCHEMAS,
+        "securitySchemes": {
+            "token": {
+                "type": "apiKey",
+                "in": "header",
+                "name": "Authorization",
+                "description": "`Authorization: token <token>` (or `Bearer <token>`).",
+            },
+            "tokenArgument": {"type": "apiKey", "in": "query", "name": "token"},
+        },
+    },
+    "security": [{"token": []}, {"tokenArgument": []}],
+}
+
+
+def spec(server_url: str | None = None) -> dict[str, Any]:
+    """A fresh copy of the admin API's description; `server_url` (the gateway's base URL, no
+    trailing slash) becomes its only ``servers`` entry."""
+    result = copy.deepcopy(_SPEC)
+    if server_url is not None:
+        result["servers"] = [{"url": server_url}]
+    return result
