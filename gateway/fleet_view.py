@@ -61,17 +61,17 @@ class FleetView:
     def snapshot(self) -> FleetSnapshot:
         """The fleet now. A host that does not take work (draining, stopping, lost) shows as
         not alive, so nothing new is placed or run there."""
-        hosts = []
-        for host in self._hosts.all():
-            if host.id in self._ledger.hosts():
-                hosts.append(self._ledger.host_snapshot(host.id, host.takes_work))
-            else:
-                hosts.append(
-                    HostSnapshot(id=host.id, gpus_total=len(host.gpus), alive=host.takes_work)
-                )
+        registered = self._hosts.all()
+        in_ledger = set(self._ledger.hosts())
+        hosts = [
+            self._ledger.host_snapshot(host.id, host.takes_work)
+            if host.id in in_ledger
+            else HostSnapshot(id=host.id, gpus_total=len(host.gpus), alive=host.takes_work)
+            for host in registered
+        ]
         pending, addable = 0, 0
         if self._growth is not None:
-            alive = {host.id for host in self._hosts.all() if host.alive}
+            alive = {host.id for host in registered if host.alive}
             pending = self._growth.pending(alive)
             addable = self._growth.addable_host_size(len(alive) + pending)
         return FleetSnapshot(
