@@ -24,6 +24,8 @@ from kernelfleet.errors import InvalidRequest
 log = logging.getLogger("kernelfleet.scheduler.trace")
 
 COLUMNS = ("job_id", "num_gpu", "submit_time", "iterations", "model_name", "duration", "interval")
+TRACE_HELP = f"The trace CSV: columns {','.join(COLUMNS)}; times in minutes."
+"""The help of a ``--trace`` option, for every command that reads a trace."""
 
 
 class TraceError(InvalidRequest):

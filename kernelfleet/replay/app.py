@@ -32,7 +32,7 @@ from kernelfleet.replay.plan import ReplayTiming
 from kernelfleet.scheduler.simulator.app import _model_trait
 from kernelfleet.scheduler.simulator.plot import plot, require_matplotlib
 from kernelfleet.scheduler.simulator.report import results_table
-from kernelfleet.scheduler.trace import Trace, read_trace
+from kernelfleet.scheduler.trace import TRACE_HELP, Trace, read_trace
 
 log = logging.getLogger("kernelfleet.replay.app")
 
@@ -55,14 +55,7 @@ class ReplayApp(Application):
         "skip-bad-rows": "ReplayApp.skip_bad_rows",
     }
 
-    trace = Unicode(
-        "",
-        config=True,
-        help=(
-            "The trace CSV: columns job_id,num_gpu,submit_time,iterations,model_name,"
-            "duration,interval; times in minutes."
-        ),
-    )
+    trace = Unicode("", config=True, help=TRACE_HELP)
     gateway = Unicode(
         config=True, help="The gateway's URL. Default: $KERNELFLEET_GATEWAY_URL, else none."
     )

@@ -31,7 +31,7 @@ from kernelfleet.scheduler.simulator.report import (
     resolve_policy,
     results_table,
 )
-from kernelfleet.scheduler.trace import read_trace
+from kernelfleet.scheduler.trace import TRACE_HELP, read_trace
 
 log = logging.getLogger("kernelfleet.scheduler.simulator.app")
 
@@ -65,14 +65,7 @@ class SimulateApp(Application):
         "skip-bad-rows": "SimulateApp.skip_bad_rows",
     }
 
-    trace = Unicode(
-        "",
-        config=True,
-        help=(
-            "The trace CSV: columns job_id,num_gpu,submit_time,iterations,model_name,"
-            "duration,interval; times in minutes."
-        ),
-    )
+    trace = Unicode("", config=True, help=TRACE_HELP)
     policies = List(
         Unicode(),
         ["notebookos", "reservation", "fcfs-batch"],
