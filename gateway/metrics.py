@@ -8,26 +8,22 @@ several gateways, and each must count alone). ``GET /metrics`` serves the regist
 The exposition is the one the gateway served before it used prometheus_client: the same families,
 types, HELP texts and label sets, and no ``<name>_created`` series (prometheus_client adds them to
 counters and histograms; `MetricsRegistry.collect` leaves them out). Label values are created up
-front so that they are exported as 0 before the first event. `Counter` and `Gauge` are
-prometheus_client's, plus a ``.value`` to read them back (tests of the autoscaler read it).
+front so that they are exported as 0 before the first event. Read a value back with
+``metrics.registry.get_sample_value(name, labels)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-import prometheus_client
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
 __all__ = [
     "CELL_START_BUCKETS",
     "KERNEL_START_BUCKETS",
     "MIGRATION_OUTCOMES",
-    "Counter",
     "FleetMetrics",
-    "Gauge",
-    "Histogram",
     "MetricsRegistry",
 ]
 
@@ -61,36 +57,6 @@ class MetricsRegistry(CollectorRegistry):
     def render(self) -> str:
         """Every metric in the text exposition format 0.0.4, as ``GET /metrics`` serves it."""
         return generate_latest(self).decode()
-
-
-def _current_value(metric: prometheus_client.Counter | prometheus_client.Gauge) -> float:
-    """The value of an unlabelled metric or of one labelled child, read through `collect`."""
-    (family,) = metric.collect()
-    exposed = family.name + "_total" if family.type == "counter" else family.name
-    values = [s.value for s in family.samples if s.name == exposed and not s.labels]
-    if len(values) != 1:
-        raise ValueError(f"{exposed} has labels: read labels(...).value")
-    return values[0]
-
-
-class Counter(prometheus_client.Counter):
-    """A prometheus_client `Counter` whose current value reads as ``.value``.
-
-    Its exposed name ends in ``_total`` whether or not the given name does."""
-
-    @property
-    def value(self) -> float:
-        """The count so far; a counter with label names has none: read ``labels(...).value``."""
-        return _current_value(self)
-
-
-class Gauge(prometheus_client.Gauge):
-    """A prometheus_client `Gauge` whose current value reads as ``.value``."""
-
-    @property
-    def value(self) -> float:
-        """The value now; a gauge with label names has none: read ``labels(...).value``."""
-        return _current_value(self)
 
 
 CELL_START_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)

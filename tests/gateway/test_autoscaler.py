@@ -102,7 +102,7 @@ async def test_sustained_demand_adds_hosts_once_and_counts_them() -> None:
     first = await scaler.run_once()
     assert first.decision == ScaleOut(2)
     assert first.started == ("auto-1", "auto-2")
-    assert metrics.hosts_added.value == 2
+    assert metrics.registry.get_sample_value("kernelfleet_scale_out_hosts_total") == 2
     # not registered yet: pending, so the next round does not add them again
     assert scaler.snapshot().hosts_pending == 2
     assert (await scaler.run_once()).started == ()
@@ -170,7 +170,7 @@ async def test_idle_hosts_are_drained_then_stopped_and_hidden() -> None:
     assert result.decision == ScaleIn(("auto-2", "auto-1"))  # fewest replicas first
     assert result.stopped == ("auto-2", "auto-1")
     assert drained == ["auto-2", "auto-1"], "even an empty host is drained: closed to new work"
-    assert metrics.hosts_removed.value == 2
+    assert metrics.registry.get_sample_value("kernelfleet_scale_in_hosts_total") == 2
     # the gateway still shows them alive until their heartbeats time out: not counted
     snapshot = scaler.snapshot()
     assert [h.id for h in snapshot.alive_hosts()] == ["h1"]

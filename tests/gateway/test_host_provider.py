@@ -98,8 +98,8 @@ async def test_the_autoscaler_adds_a_host_under_demand_and_removes_it_when_idle(
             lambda: hosts_of(fleet)["auto-1"]["state"] == "lost", 10, "auto-1 to be lost"
         )
         assert hosts_of(fleet)["host-1"]["state"] == "alive"
-        assert metrics.hosts_added.value == 1
-        assert metrics.hosts_removed.value == 1
+        assert metrics.registry.get_sample_value("kernelfleet_scale_out_hosts_total") == 1
+        assert metrics.registry.get_sample_value("kernelfleet_scale_in_hosts_total") == 1
         assert (await scaler.run_once()).stopped == ()
     finally:
         await provider.close()
