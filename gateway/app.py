@@ -24,6 +24,7 @@ from kernelfleet.gateway.handlers import routes
 from kernelfleet.gateway.host_provider import LocalProcessHostProvider
 from kernelfleet.gateway.hosts import HostRegistry
 from kernelfleet.gateway.kernel_service import KernelService
+from kernelfleet.gateway.kernel_tokens import KernelTokens
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
 from kernelfleet.gateway.records import ReplicationSettings
 from kernelfleet.gateway.store import KernelStore
@@ -250,6 +251,7 @@ class GatewayApp(Application):
             KernelStore(self.state_dir),
             check_ledger=self.check_ledger,
             usage=UsageWindow.spanning(self.ratio_window, self.usage_sample_interval),
+            kernel_tokens=KernelTokens(self.token),
         )
         self.kernels.metrics.registry.on_collect(self._collect_gpu_metrics)
         self.kernelspecs = kernelspecs
@@ -267,6 +269,7 @@ class GatewayApp(Application):
         self.webapp = tornado.web.Application(
             routes(),
             token=self.token,
+            kernel_token_check=self.kernels.kernel_of_token,
             kernel_service=self.kernels,
             host_registry=self.hosts,
             kernelspecs=self.kernelspecs,

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from kernelfleet.errors import FleetError, InvalidRequest
 from kernelfleet.gateway.framing import ClientMessage
-from kernelfleet.protocol import METADATA_KEY, CellKey, ErrorName, options_of
+from kernelfleet.protocol import METADATA_KEY, CellKey, ErrorName, gpus_magic, options_of
 from kernelfleet.states import Transitions, check_transition
 
 log = logging.getLogger("kernelfleet.gateway.cells")
@@ -101,7 +101,7 @@ class Cell:
     client: CellClient
     """The client it came from (and whose sockets it is sent through)."""
     gpus: int | None
-    """The cell's own GPU need (`CellKey.GPUS` in the execute_request metadata), or None."""
+    """The cell's own GPU need (`cell_gpus`: its metadata, else its ``%%gpus N`` line), or None."""
     stop_on_error: bool
     received_at: float
     started: asyncio.Future[Assignment] = field(default_factory=asyncio.Future)
@@ -143,20 +143,46 @@ Assign = Callable[[Cell], Awaitable[Assignment]]
 Dispatch = Callable[[Cell, Assignment], Awaitable[None]]
 
 
+class UsageError(InvalidRequest):
+    """A cell's leading ``%%gpus N`` line is malformed. The cell fails at once under this
+    class's name, `ErrorName.USAGE_ERROR`, as IPython fails a magic used wrongly."""
+
+    reason = "usage-error"
+
+
 def cell_gpus(message: ClientMessage) -> int | None:
-    """The GPU count a cell asks for in its metadata (`CellKey.GPUS`), or None."""
+    """The GPU count a cell asks for, or None (then its kernel's count applies).
+
+    Its metadata (`CellKey.GPUS`) comes first, then a leading ``%%gpus N`` line of its code
+    (`gpus_magic`). `InvalidRequest` for metadata that is not JSON or a count that is not a
+    non-negative integer; `UsageError` for a malformed ``%%gpus`` line. Whether a host has
+    that many GPUs is the policy's question, when the cell is next (`NoCapacity` if none)."""
     try:
         metadata = json.loads(message.parts[2])
     except ValueError:
         raise InvalidRequest("the execute_request metadata is not JSON") from None
     gpus = options_of(metadata).get(CellKey.GPUS)
     if gpus is None:
-        return None
+        return _magic_gpus(message)
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
         raise InvalidRequest(
             f"{METADATA_KEY}.{CellKey.GPUS} must be a non-negative integer, not {gpus!r}"
         )
     return gpus
+
+
+def _magic_gpus(message: ClientMessage) -> int | None:
+    try:
+        content = json.loads(message.parts[3])
+    except ValueError:
+        return None  # not ours to judge: the kernel answers a malformed request
+    code = content.get("code") if isinstance(content, dict) else None
+    if not isinstance(code, str):
+        return None
+    try:
+        return gpus_magic(code)
+    except InvalidRequest as e:
+        raise UsageError(e.message) from None
 
 
 def stops_on_error(message: ClientMessage) -> bool:

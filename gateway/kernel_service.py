@@ -20,6 +20,7 @@ message, or as a replica replaced.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -27,7 +28,15 @@ from typing import Any
 
 import zmq.asyncio
 
-from kernelfleet.errors import FleetError, GpusUnavailable, InvalidRequest, KernelDead, NoCapacity
+from kernelfleet.errors import (
+    Conflict,
+    FleetError,
+    GpusUnavailable,
+    InvalidRequest,
+    KernelDead,
+    NoCapacity,
+    NotFound,
+)
 from kernelfleet.gateway.admission import Admission
 from kernelfleet.gateway.background import Background
 from kernelfleet.gateway.channels import ClientLink, Deliver, OnClosed
@@ -36,6 +45,7 @@ from kernelfleet.gateway.fleet_view import FleetView, HostGrowth
 from kernelfleet.gateway.groups import GroupKeeper
 from kernelfleet.gateway.hosts import HostRegistry
 from kernelfleet.gateway.kernel_table import KernelTable
+from kernelfleet.gateway.kernel_tokens import KernelTokens
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
 from kernelfleet.gateway.launcher import ReplicaLauncher
 from kernelfleet.gateway.ledger import GpuLedger
@@ -73,6 +83,7 @@ class KernelService:
         metrics: FleetMetrics | None = None,
         check_ledger: bool = False,
         usage: UsageWindow | None = None,
+        kernel_tokens: KernelTokens | None = None,
     ) -> None:
         self._hosts = hosts
         self._policy = policy
@@ -80,6 +91,9 @@ class KernelService:
         self._launch_timeout = launch_timeout
         self._allowed_env = allowed_env
         self._replication = replication or ReplicationSettings()
+        self.tokens = kernel_tokens
+        """Issues each kernel its token (given to its replicas) and checks those presented;
+        None: kernels get no token, and none is accepted."""
         self._context = zmq.asyncio.Context()
         self.metrics = metrics or FleetMetrics()
         self.ledger = GpuLedger(check_ledger, self._ledger_breached)
@@ -90,7 +104,7 @@ class KernelService:
         self._linker = KernelLinker(self._context, self._chooser, self.metrics, launch_timeout)
         self._launcher = ReplicaLauncher(
             hosts, self.ledger, self._chooser, self._linker, self._context,
-            self._replication, launch_timeout,
+            self._replication, launch_timeout, kernel_tokens,
         )  # fmt: skip
         background = Background()
         self._groups = GroupKeeper(
@@ -120,6 +134,22 @@ class KernelService:
 
     def all(self) -> list[KernelRecord]:
         return self._kernels.all()
+
+    def kernel_of_token(self, token: str) -> str | None:
+        """The kernel a kernel-scoped token belongs to, while that kernel exists; None (and a
+        warning in the log saying why) for a forged token or one whose kernel is gone. The
+        `kernelfleet.web.KernelTokenCheck` of the gateway's handlers."""
+        kernel_id = self.tokens.verify(token) if self.tokens is not None else None
+        if kernel_id is None:
+            claimed = token.split(".")[1][:64] if token.count(".") == 2 else "?"
+            log.warning("refused a forged kernel token (it claims kernel %r)", claimed)
+            return None
+        try:
+            self._kernels.get(kernel_id)
+        except NotFound:
+            log.warning("refused the token of kernel %s, which no longer exists", kernel_id)
+            return None
+        return kernel_id
 
     def snapshot(self) -> FleetSnapshot:
         """The fleet as policies see it (`FleetView.snapshot`)."""
@@ -307,6 +337,66 @@ class KernelService:
     async def migrate(self, kernel_id: str, replica_id: str, host_id: str | None) -> KernelRecord:
         """Move one replica to `host_id`, or where the policy places it (`GroupKeeper.migrate`)."""
         return await self._groups.migrate(kernel_id, replica_id, host_id)
+
+    async def migrate_kernel(self, kernel_id: str, host_id: str | None) -> dict[str, str]:
+        """Move the kernel's executor replica (the one that ran its last cell, else its first)
+        to `host_id`, or where the policy places it: ``POST /api/fleet/kernels/{id}/migrate``.
+
+        Returns ``{"replica_id": its successor, "from_host", "to_host"}``. `NotFound` for an
+        unknown kernel or host; `Conflict` for a kernel of one replica (it cannot move without
+        losing its state), for the host the replica is on, or one already holding another of
+        its replicas (and whatever `GroupKeeper.migrate` refuses)."""
+        kernel = self.get(kernel_id)
+        replica = next((r for r in kernel.replicas if r.id == kernel.executor), None)
+        if replica is None and kernel.replicas:
+            replica = kernel.replicas[0]
+        if replica is None:
+            raise KernelDead(f"kernel {kernel_id} has no replica to move")
+        if host_id is not None:
+            self._hosts.get(host_id)  # NotFound naming it
+        if not kernel.replicated:
+            raise Conflict(
+                f"kernel {kernel_id} runs a single replica, which cannot move without losing "
+                "its state"
+            )
+        if host_id == replica.host_id:
+            raise Conflict(f"replica {replica.id} of kernel {kernel_id} is on {host_id} already")
+        before = {r.id for r in kernel.replicas}
+        await self._groups.migrate(kernel_id, replica.id, host_id)
+        new = next(r for r in kernel.replicas if r.id not in before)
+        return {"replica_id": new.id, "from_host": replica.host_id, "to_host": new.host_id}
+
+    def set_gpus(self, kernel_id: str, gpus: object) -> KernelRecord:
+        """Set the kernel's GPU count for its later cells that ask for none themselves
+        (``PUT /api/fleet/kernels/{id}/gpus``); its replicas' claims follow, and the count
+        is stored with the kernel.
+
+        `InvalidRequest` when `gpus` is not a non-negative int, or more than any host has (the
+        message says the largest host's count); `Conflict` under a policy that binds a
+        kernel's GPUs for its whole life (they were committed when it started)."""
+        kernel = self.get(kernel_id)
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+            raise InvalidRequest(f"'gpus' must be a non-negative integer, not {gpus!r}")
+        snapshot = self._fleet.snapshot()
+        sized = snapshot.gpus_per_host > 0 or bool(snapshot.alive_hosts())  # else: unknown
+        if sized and gpus > snapshot.host_size:
+            raise InvalidRequest(
+                f"kernel {kernel_id} cannot have {gpus} GPU(s) per cell: the largest host has "
+                f"{snapshot.host_size}"
+            )
+        if self._chooser.per_session and gpus != kernel.gpus:
+            raise Conflict(
+                f"under the {self._policy.name} policy kernel {kernel_id} holds its "
+                f"{kernel.gpus} GPU(s) for its whole life; restart it with KERNEL_GPUS instead"
+            )
+        kernel.gpus = gpus
+        for replica in kernel.live_replicas():
+            with contextlib.suppress(NotFound):  # its host is being forgotten: no claim to keep
+                self._launcher.subscribe(kernel, replica)
+        self._chooser.capacity_changed()
+        self._kernels.persist()
+        log.info("kernel %s: %d GPU(s) per cell from now on", kernel_id, gpus)
+        return kernel
 
     async def drain_host(self, host_id: str) -> None:
         """Move every replica off `host_id` so it can be stopped (`GroupKeeper.drain_host`)."""

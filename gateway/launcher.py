@@ -2,8 +2,9 @@
 
 `ReplicaLauncher` is the only code that asks host agents to start, restart or stop a
 replica. Each replica it starts claims its kernel's GPU need in the ledger on its host (and a
-stopped one gives it back); `launch_group` starts a kernel's replicas together, joins them
-into one Raft group if the kernel replicates, and links the kernel to them.
+stopped one gives it back), and is given its kernel's token (`KernelTokens`); `launch_group`
+starts a kernel's replicas together, joins them into one Raft group if the kernel replicates,
+and links the kernel to them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import zmq.asyncio
 
 from kernelfleet.errors import FleetError, HostUnavailable, KernelStartFailed, NotFound
 from kernelfleet.gateway.hosts import HostRegistry
+from kernelfleet.gateway.kernel_tokens import KernelTokens
 from kernelfleet.gateway.ledger import GpuLedger, device_ids_of
 from kernelfleet.gateway.links import KernelLinker
 from kernelfleet.gateway.records import (
@@ -51,6 +53,7 @@ class ReplicaLauncher:
         context: zmq.asyncio.Context,
         replication: ReplicationSettings,
         launch_timeout: float,
+        tokens: KernelTokens | None = None,
     ) -> None:
         self._hosts = hosts
         self._ledger = ledger
@@ -59,6 +62,7 @@ class ReplicaLauncher:
         self._context = context
         self._replication = replication
         self._launch_timeout = launch_timeout
+        self._tokens = tokens
         self._arriving: Counter[str] = Counter()
         """Replicas being started, by host (not in the ledger yet)."""
 
@@ -84,6 +88,7 @@ class ReplicaLauncher:
                 kernel.env,
                 launch_timeout=self._launch_timeout,
                 raft=kernel.replicated,
+                kernel_token=self._tokens.issue(kernel.id) if self._tokens else None,
             )
         finally:
             self._arriving[host_id] -= 1

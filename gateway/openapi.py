@@ -43,8 +43,14 @@ def _error(description: str) -> dict[str, Any]:
 
 
 _AUTH_ERRORS = {
-    "401": _error("No token presented (`reason`: `unauthorized`)."),
-    "403": _error("The token is not valid (`reason`: `forbidden`)."),
+    "401": _error(
+        "No token presented, or a kernel token that is forged or whose kernel is gone "
+        "(`reason`: `unauthorized`)."
+    ),
+    "403": _error(
+        "The token is not valid, or it is a kernel token this operation does not take "
+        "(`reason`: `forbidden`)."
+    ),
 }
 
 
@@ -180,8 +186,23 @@ _SCHEMAS: dict[str, Any] = {
                 "nullable": True,
                 "description": "The replica that runs its cells; null when none was chosen yet.",
             },
+            "gpus": {
+                **_INT,
+                "description": "GPUs per cell unless a cell asks otherwise (`%%gpus N`, metadata).",
+            },
         }
     ),
+    "KernelMigration": _object(
+        {
+            "replica_id": {"type": "string", "description": "The moved replica's successor."},
+            "from_host": {"type": "string"},
+            "to_host": {"type": "string"},
+        }
+    ),
+    "GpuSetting": {
+        **_object({"gpus": {"type": "integer"}}),
+        "description": "`gpus`: a non-negative integer, at most the largest host's GPUs.",
+    },
     "Migration": _object(
         {"host": {"type": "string", "description": "Where to; left out: the policy chooses."}},
         optional=("host",),
@@ -256,6 +277,57 @@ _PATHS: dict[str, Any] = {
             "responses": {
                 "200": _json(_ref("Kernel"), "The kernel."),
                 "404": _error("No such kernel."),
+                **_AUTH_ERRORS,
+            },
+        },
+    },
+    "/api/fleet/kernels/{kernel_id}/migrate": {
+        "parameters": [_KERNEL_ID],
+        "post": {
+            "operationId": "migrateKernel",
+            "summary": (
+                "Move the kernel's executor replica (the one that ran its last cell, else its "
+                "first) to `host`, or where the policy places it. A kernel's own token may."
+            ),
+            "requestBody": {
+                "required": False,
+                "content": {"application/json": {"schema": _ref("Migration")}},
+            },
+            "responses": {
+                "200": _json(_ref("KernelMigration"), "Moved."),
+                "400": _error("Not a valid body."),
+                "404": _error("No such kernel or host (the message names it)."),
+                "409": _error(
+                    "It cannot move: the kernel has a single replica, the replica is not ready "
+                    "or is on that host already, or the host is lost or holds another replica."
+                ),
+                "500": _error("The new replica failed to start (`kernel-start-failed`)."),
+                "502": _error("A host agent did not answer."),
+                "503": _error("No host can take the new replica."),
+                **_AUTH_ERRORS,
+            },
+        },
+    },
+    "/api/fleet/kernels/{kernel_id}/gpus": {
+        "parameters": [_KERNEL_ID],
+        "put": {
+            "operationId": "setKernelGpus",
+            "summary": (
+                "Set the kernel's GPU count for its later cells that ask for none themselves. "
+                "A kernel's own token may."
+            ),
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref("GpuSetting")}},
+            },
+            "responses": {
+                "200": _json(_ref("Kernel"), "Set; the kernel as it is now."),
+                "400": _error(
+                    "Not a non-negative integer, or more GPUs than any host has (the message "
+                    "says the largest host's count)."
+                ),
+                "404": _error("No such kernel."),
+                "409": _error("The policy holds a kernel's GPUs for its whole life."),
                 **_AUTH_ERRORS,
             },
         },

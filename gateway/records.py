@@ -172,6 +172,7 @@ class KernelRecord:
             "name": self.name,
             "replicas": replicas,
             "executor": self.executor,
+            "gpus": self.gpus,
         }
 
     def to_state(self) -> dict[str, Any]:

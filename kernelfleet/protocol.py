@@ -12,13 +12,16 @@ Everything two kernelfleet processes must spell alike lives here, and nowhere el
 - `ConnectionInfo` and `CONNECTION_KEYS`: where a replica listens, as the host agent reports it
   and the gateway connects to it;
 - `ReplicaEnv`: the environment variables of a replica's process (the host agent sets them,
-  the replica and the code in it read them).
+  the replica and the code in it read them);
+- `KERNEL_TOKEN_PREFIX`: how a kernel-scoped token starts, and `gpus_magic`: the ``%%gpus N``
+  line that the gateway and the kernel read alike.
 
 The values are wire strings: replicas of an older release, stored gateway state, tests and
 clients rely on them, so they never change (tests/test_protocol.py pins them). Members may be
 message values as they are; as keys of a message's dicts, write ``member.value`` (orjson, which
 jupyter_client prefers, refuses keys that are not exactly `str`). This module imports nothing
-from kernelfleet, so that every process and every layer may import it.
+from kernelfleet but its domain errors (which import nothing), so that every process and every
+layer may import it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from typing import Any, TypedDict
+
+from kernelfleet.errors import InvalidRequest
 
 
 class Channel(enum.StrEnum):
@@ -174,6 +179,10 @@ class ErrorName(enum.StrEnum):
     """Gateway -> client: the cell was interrupted while it waited in the gateway (IPython's
     name for an interrupted cell, so clients treat both alike)."""
 
+    USAGE_ERROR = "UsageError"
+    """Gateway -> client: the cell's leading ``%%gpus N`` line is malformed (`gpus_magic`), so
+    it never ran (IPython's name for a magic used wrongly)."""
+
 
 METADATA_KEY = "kernelfleet"
 """Where kernelfleet's options sit: a dict under this key of an ``execute_request``'s
@@ -185,7 +194,7 @@ class CellKey(enum.StrEnum):
 
     GPUS = "gpus"
     """Client -> gateway, in the execute_request's metadata: how many GPUs this cell needs (a
-    non-negative int; absent: the kernel's own count)."""
+    non-negative int; absent: the cell's ``%%gpus N`` line, else the kernel's own count)."""
 
     ROLE = "role"
     """Gateway -> replica: the cell's `Role` for this replica. Replica -> gateway, in the
@@ -289,3 +298,46 @@ class ReplicaEnv(enum.StrEnum):
     agent starts a replica with it empty (whatever the agent's own value, which for the agent is
     its virtual GPU count), the replica sets it around each cell
     (`kernelfleet.kernels.replica.gpu_binding`)."""
+
+    GATEWAY_URL = "KERNELFLEET_GATEWAY_URL"
+    """The gateway's base URL as the replica's host agent reaches it (the agent's
+    ``--gateway``); absent when the agent registers with no gateway."""
+
+    KERNEL_TOKEN = "KERNELFLEET_KERNEL_TOKEN"
+    """The kernel-scoped token the gateway issued this kernel (`KERNEL_TOKEN_PREFIX`): it reads
+    this kernel and the fleet summary, and acts on this kernel only. The fleet token is never
+    in a replica's environment."""
+
+
+KERNEL_TOKEN_PREFIX = "kfk1"
+"""A kernel-scoped token reads ``kfk1.<kernel id>.<mac>`` (`kernelfleet.gateway.kernel_tokens`
+issues and verifies them); servers tell it from their fleet token by this prefix."""
+
+GPUS_MAGIC = "%%gpus"
+GPUS_USAGE = "%%gpus N: run this cell with N GPUs (N a non-negative integer; 0: none)"
+
+
+def gpus_magic(code: str) -> int | None:
+    """The GPU count of a cell that begins with a ``%%gpus N`` line (its first non-blank line),
+    or None when it does not (or asks for ``--help``/``-h``, which the kernel answers).
+
+    `InvalidRequest` (its message ends with `GPUS_USAGE`) when N is missing, negative, not an
+    integer, or followed by more arguments. The gateway reads it to place the cell; the
+    kernel's ``%%gpus`` magic reads it the same way, then runs the cell's body.
+    """
+    first = next((line for line in code.splitlines() if line.strip()), "")
+    words = first.split()
+    if not words or words[0] != GPUS_MAGIC:
+        return None
+    args = words[1:]
+    if args in (["--help"], ["-h"]):
+        return None
+    if len(args) != 1:
+        got = "nothing" if not args else repr(" ".join(args))
+        raise InvalidRequest(f"%%gpus takes one number, not {got}. Usage: {GPUS_USAGE}")
+    raw = args[0]
+    if raw.startswith("-") and raw[1:].isascii() and raw[1:].isdigit():
+        raise InvalidRequest(f"%%gpus cannot be negative ({raw}). Usage: {GPUS_USAGE}")
+    if not (raw.isascii() and raw.isdigit()):  # "²" is a digit to isdigit, not to int
+        raise InvalidRequest(f"%%gpus needs a whole number, not {raw!r}. Usage: {GPUS_USAGE}")
+    return int(raw)

@@ -3,15 +3,21 @@
 ``ApiHandler`` checks the token on every request (header ``Authorization: token <t>`` or the
 ``?token=`` query argument) and turns every error, domain or not, into a JSON body
 ``{"reason", "message"}``. Domain errors are mapped to status codes here and nowhere else.
+
+Besides the application's token (the fleet token), a server may accept kernel-scoped tokens
+(`KERNEL_TOKEN_PREFIX`): its settings then carry ``kernel_token_check``, a `KernelTokenCheck`.
+Each handler says what such a token may do with its ``kernel_access`` (nothing, by default).
 """
 
 from __future__ import annotations
 
+import enum
 import hmac
 import json
 import logging
 import secrets
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar, Protocol
 
 from tornado import web
 
@@ -27,6 +33,7 @@ from kernelfleet.errors import (
     NoCapacity,
     NotFound,
 )
+from kernelfleet.protocol import KERNEL_TOKEN_PREFIX
 
 log = logging.getLogger("kernelfleet.web")
 
@@ -76,18 +83,67 @@ def token_matches(presented: str | None, expected: str) -> bool:
     return presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
 
 
+class KernelAccess(enum.Enum):
+    """What a kernel-scoped token may do with one method of a handler (``kernel_access``)."""
+
+    ANY = "any"
+    """Any live kernel's token may call it; the handler narrows what it shows to
+    ``kernel_principal`` where it must (the events of that kernel only, say)."""
+    OWN = "own"
+    """Only the token of the kernel the path names (its ``kernel_id`` argument)."""
+
+
+class KernelTokenCheck(Protocol):
+    """Settings ``kernel_token_check``: the id of the live kernel a kernel-scoped token was
+    issued for, or None when it is forged or its kernel is gone (the check logs a warning
+    saying which)."""
+
+    def __call__(self, token: str) -> str | None: ...
+
+
 class TokenAuthMixin:
-    """Refuses any request that does not present the application's token (settings ``token``)."""
+    """Refuses any request that does not present the application's token (settings ``token``)
+    or, where the settings have a ``kernel_token_check``, a kernel-scoped token allowed here.
+
+    No token: 401. A kernel token that is forged or whose kernel is gone: 401. A valid kernel
+    token on a method its handler's ``kernel_access`` does not grant, or on another kernel
+    than its own where the grant is `KernelAccess.OWN`: 403. Any other wrong token: 403.
+    After the check, ``kernel_principal`` is the kernel whose token was presented, or None
+    for the fleet token."""
 
     request: Any
     settings: dict[str, Any]
+    path_kwargs: dict[str, Any]
+    kernel_access: ClassVar[Mapping[str, KernelAccess]] = {}
+    """HTTP method -> what kernel tokens may do with it; a method not named: nothing."""
+    kernel_principal: str | None = None
 
     def check_token(self) -> None:
         presented = token_from_request(self.request)
         if presented is None:
             raise web.HTTPError(401, "a token is required: send 'Authorization: token <token>'")
-        if not token_matches(presented, self.settings["token"]):
+        if token_matches(presented, self.settings["token"]):
+            self.kernel_principal = None
+            return
+        check: KernelTokenCheck | None = self.settings.get("kernel_token_check")
+        if check is None or not presented.startswith(f"{KERNEL_TOKEN_PREFIX}."):
             raise web.HTTPError(403, "the token is not valid")
+        kernel_id = check(presented)
+        if kernel_id is None:
+            raise web.HTTPError(401, "the kernel token is not valid: forged, or its kernel is gone")
+        self.kernel_principal = kernel_id
+        self._check_kernel_access(kernel_id)
+
+    def _check_kernel_access(self, kernel_id: str) -> None:
+        method, path = self.request.method, self.request.path
+        access = self.kernel_access.get(method)
+        if access is KernelAccess.ANY:
+            return
+        if access is KernelAccess.OWN:
+            if self.path_kwargs.get("kernel_id") == kernel_id:
+                return
+            raise web.HTTPError(403, f"kernel {kernel_id}'s token reaches only its own kernel")
+        raise web.HTTPError(403, f"a kernel's token may not {method} {path}")
 
 
 class JsonErrorsMixin:

@@ -22,7 +22,7 @@ SHARED = ("kernelfleet.errors", "kernelfleet.protocol", "kernelfleet.states")
 ALLOWED: dict[str, tuple[str, ...]] = {
     # the pure layers: no process, no I/O of their own
     "kernelfleet.errors": (),
-    "kernelfleet.protocol": (),
+    "kernelfleet.protocol": ("kernelfleet.errors",),  # gpus_magic raises InvalidRequest
     "kernelfleet.states": (),
     "kernelfleet.runtime_file": (),
     "kernelfleet.raft": SHARED,

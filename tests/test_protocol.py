@@ -54,6 +54,7 @@ WIRE: dict[type[enum.StrEnum], dict[str, str]] = {
         "KERNEL_UNAVAILABLE": "KernelUnavailable",
         "GATEWAY_ERROR": "GatewayError",
         "INTERRUPTED": "KeyboardInterrupt",
+        "USAGE_ERROR": "UsageError",
     },
     CellKey: {
         "GPUS": "gpus",
@@ -69,6 +70,8 @@ WIRE: dict[type[enum.StrEnum], dict[str, str]] = {
         "REPLICA_DIR": "KERNELFLEET_REPLICA_DIR",
         "RAFT_ADDRESS": "KERNELFLEET_RAFT_ADDRESS",
         "GPUS": "KERNELFLEET_GPUS",
+        "GATEWAY_URL": "KERNELFLEET_GATEWAY_URL",
+        "KERNEL_TOKEN": "KERNELFLEET_KERNEL_TOKEN",
     },
 }
 
@@ -101,6 +104,8 @@ def test_every_enum_of_the_protocol_is_pinned() -> None:
 
 def test_the_metadata_key_and_the_connection_keys_never_change() -> None:
     assert METADATA_KEY == "kernelfleet"
+    assert protocol.KERNEL_TOKEN_PREFIX == "kfk1"
+    assert protocol.GPUS_MAGIC == "%%gpus"
     assert tuple(CONNECTION) == CONNECTION_KEYS
 
 

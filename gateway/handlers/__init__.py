@@ -7,6 +7,8 @@ from kernelfleet.gateway.handlers.fleet import (
     FleetHostsHandler,
     FleetKernelHandler,
     FleetKernelsHandler,
+    KernelGpusHandler,
+    KernelMigrateHandler,
     OpenApiHandler,
     ReplicaMigrateHandler,
 )
@@ -25,7 +27,8 @@ _KERNEL_ID = r"(?P<kernel_id>[\w-]+)"
 
 
 def routes() -> list[tuple[str, type]]:
-    """URL patterns for every endpoint, most specific first."""
+    """URL patterns for every endpoint, most specific first. What a kernel-scoped token may
+    do on each is its handler's ``kernel_access`` (`kernelfleet.web.TokenAuthMixin`)."""
     return [
         (r"/api/kernelspecs/?", KernelSpecsHandler),
         (r"/api/kernelspecs/(?P<name>[^/]+)/?", KernelSpecHandler),
@@ -40,6 +43,8 @@ def routes() -> list[tuple[str, type]]:
         (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/?", FleetHostHandler),
         (r"/api/fleet/kernels/?", FleetKernelsHandler),
         (rf"/api/fleet/kernels/{_KERNEL_ID}/?", FleetKernelHandler),
+        (rf"/api/fleet/kernels/{_KERNEL_ID}/migrate/?", KernelMigrateHandler),
+        (rf"/api/fleet/kernels/{_KERNEL_ID}/gpus/?", KernelGpusHandler),
         (
             rf"/api/fleet/kernels/{_KERNEL_ID}/replicas/(?P<replica_id>[\w.-]+)/migrate/?",
             ReplicaMigrateHandler,

@@ -1,6 +1,8 @@
 """The fleet admin API (JSON, same token): hosts and kernels as the platform sees them.
 
-Field names are a stable contract read by tools outside the project.
+Field names are a stable contract read by tools outside the project. A kernel-scoped token
+(`kernelfleet.gateway.kernel_tokens`) may read the fleet, its hosts and this description, and
+read, move and set the GPUs of its own kernel: each handler's ``kernel_access`` says so.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ from kernelfleet.errors import InvalidRequest
 from kernelfleet.gateway.handlers.base import GatewayHandler
 from kernelfleet.gateway.hosts import HostState
 from kernelfleet.gateway.openapi import spec
+from kernelfleet.web import KernelAccess
+
+_ANY = KernelAccess.ANY
+_OWN = KernelAccess.OWN
 
 
 def host_models(handler: GatewayHandler) -> dict[str, dict[str, Any]]:
@@ -67,16 +73,22 @@ def fleet_model(handler: GatewayHandler) -> dict[str, Any]:
 
 
 class FleetHandler(GatewayHandler):
+    kernel_access = {"GET": _ANY}
+
     def get(self) -> None:
         self.write_json(fleet_model(self))
 
 
 class FleetHostsHandler(GatewayHandler):
+    kernel_access = {"GET": _ANY}
+
     def get(self) -> None:
         self.write_json(list(host_models(self).values()))
 
 
 class FleetHostHandler(GatewayHandler):
+    kernel_access = {"GET": _ANY}  # a heartbeat (PUT) is the host agents' alone
+
     def get(self, host_id: str) -> None:
         self.hosts.get(host_id)  # NotFound for unknown ids
         self.write_json(host_models(self)[host_id])
@@ -93,6 +105,8 @@ class FleetKernelsHandler(GatewayHandler):
 
 
 class FleetKernelHandler(GatewayHandler):
+    kernel_access = {"GET": _OWN}
+
     def get(self, kernel_id: str) -> None:
         self.write_json(self.kernels.get(kernel_id).fleet_model())
 
@@ -108,9 +122,38 @@ class ReplicaMigrateHandler(GatewayHandler):
         self.write_json(kernel.fleet_model())
 
 
+class KernelMigrateHandler(GatewayHandler):
+    """``POST /api/fleet/kernels/{id}/migrate`` with an optional ``{"host": id}``: move the
+    kernel's executor replica (`KernelService.migrate_kernel`); answers ``{"replica_id",
+    "from_host", "to_host"}``."""
+
+    kernel_access = {"POST": _OWN}
+
+    async def post(self, kernel_id: str) -> None:
+        host = self.json_body().get("host")
+        if host is not None and not isinstance(host, str):
+            raise InvalidRequest("'host' must be a host id")
+        self.write_json(await self.kernels.migrate_kernel(kernel_id, host))
+
+
+class KernelGpusHandler(GatewayHandler):
+    """``PUT /api/fleet/kernels/{id}/gpus`` with ``{"gpus": N}``: the kernel's GPU count for
+    its later cells (`KernelService.set_gpus`); answers the kernel's model."""
+
+    kernel_access = {"PUT": _OWN}
+
+    def put(self, kernel_id: str) -> None:
+        body = self.json_body()
+        if "gpus" not in body:
+            raise InvalidRequest('the body must be {"gpus": N}')
+        self.write_json(self.kernels.set_gpus(kernel_id, body["gpus"]).fleet_model())
+
+
 class OpenApiHandler(GatewayHandler):
     """``GET /api/fleet/openapi.json``: the admin API's OpenAPI 3 description, its ``servers``
     naming this gateway as the request reached it, so tools can call it back."""
+
+    kernel_access = {"GET": _ANY}
 
     def get(self) -> None:
         self.write_json(spec(f"{self.request.protocol}://{self.request.host}"))

@@ -75,10 +75,13 @@ class HostAgentClient:
         env: dict[str, str] | None = None,
         launch_timeout: float | None = None,
         raft: bool = False,
+        kernel_token: str | None = None,
     ) -> dict[str, Any]:
         """Launch a replica; returns its model once the kernel answered ``kernel_info``.
 
         With `raft`, the host reserves a Raft port for it (``raft_address`` in the model).
+        `kernel_token`, the kernel's own token, goes into the replica's environment (never
+        into its model).
 
         Raises ``NotFound`` (unknown kernelspec), ``Conflict`` (replica id in use),
         ``InvalidRequest``, ``KernelStartFailed`` (message: the kernel's output tail) or
@@ -93,6 +96,8 @@ class HostAgentClient:
             "launch_timeout": launch_timeout,
             "raft": raft,
         }
+        if kernel_token is not None:
+            body["kernel_token"] = kernel_token
         result: dict[str, Any] = await self._call(
             "POST", "/api/replicas", body, budget=self._launch_budget(launch_timeout, env)
         )

@@ -4,7 +4,8 @@
 
     GET    /api/host                          {"id", "address", "gpus", "replicas"}
     GET    /api/replicas                      [replica model, ...]
-    POST   /api/replicas                      201 replica model, once ready
+    POST   /api/replicas                      201 replica model, once ready (body:
+                                              `ReplicaRequest`, the kernel's token in it)
     GET    /api/replicas/{id}                 replica model
     POST   /api/replicas/{id}/interrupt       204
     POST   /api/replicas/{id}/restart         200 replica model, once ready again

@@ -82,6 +82,8 @@ class ReplicaRequest:
     launch_timeout: float | None = None
     raft: bool = False
     """Reserve a Raft port for the replica (reported as ``raft_address``)."""
+    kernel_token: str = field(default="", repr=False)
+    """The kernel's own token from the gateway (`ReplicaEnv.KERNEL_TOKEN`); never reported."""
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> ReplicaRequest:
@@ -105,6 +107,7 @@ class ReplicaRequest:
             env=dict(env),
             launch_timeout=parse_timeout(body.get("launch_timeout"), "launch_timeout"),
             raft=_optional_bool(body, "raft"),
+            kernel_token=_optional_str(body, "kernel_token"),
         )
 
 
@@ -112,6 +115,13 @@ def _optional_bool(body: Mapping[str, Any], name: str) -> bool:
     value = body.get(name, False)
     if not isinstance(value, bool):
         raise InvalidRequest(f"{name!r} must be true or false")
+    return value
+
+
+def _optional_str(body: Mapping[str, Any], name: str) -> str:
+    value = body.get(name, "")
+    if not isinstance(value, str) or len(value) > 512:
+        raise InvalidRequest(f"{name!r} must be a string of at most 512 characters")
     return value
 
 
@@ -216,9 +226,11 @@ class ReplicaTable:
     """The replicas of one host, by replica id.
 
     ``base_env`` is the environment every kernel inherits (the agent's own, by default) before
-    the request's ``env`` and the `ReplicaEnv` variables are laid over it. ``config_parent``
-    (the agent application) lets the agent's configuration reach ``KernelManager`` and the
-    kernel provisioners.
+    the request's ``env`` and the `ReplicaEnv` variables are laid over it; `SCRUBBED_ENV` is
+    never passed on. ``config_parent`` (the agent application) lets the agent's configuration
+    reach ``KernelManager`` and the kernel provisioners; its ``gateway_url`` (``--gateway``)
+    is what replicas get as `ReplicaEnv.GATEWAY_URL`, with the kernel's token from the start
+    request as `ReplicaEnv.KERNEL_TOKEN`.
     """
 
     def __init__(
@@ -454,8 +466,14 @@ class ReplicaTable:
 
     def _kernel_env(self, replica: Replica) -> dict[str, str]:
         request = replica.request
-        env = {k: v for k, v in self.base_env.items() if k not in SCRUBBED_ENV}
-        env.update(request.env)
+        env = {**self.base_env, **request.env}
+        for name in (*SCRUBBED_ENV, ReplicaEnv.GATEWAY_URL.value, ReplicaEnv.KERNEL_TOKEN.value):
+            env.pop(name, None)  # the agent's own values, or a request's: not the kernel's
+        gateway_url = getattr(self.config_parent, "gateway_url", "")
+        if gateway_url:
+            env[ReplicaEnv.GATEWAY_URL.value] = gateway_url
+        if request.kernel_token:
+            env[ReplicaEnv.KERNEL_TOKEN.value] = request.kernel_token
         env[ReplicaEnv.KERNEL_ID.value] = request.kernel_id
         env[ReplicaEnv.REPLICA_ID.value] = request.replica_id
         env[ReplicaEnv.REPLICA_DIR.value] = str(self.replicas_dir / request.replica_id)
