@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from tornado.httpclient import HTTPClientError, HTTPRequest
@@ -318,6 +319,12 @@ print(json.dumps({"own": own, "other": other}))
 """
 
 
+def doc_example() -> str:
+    text = (Path(__file__).parents[2] / "docs" / "gateway-contract.md").read_text()
+    section = text.split("## Kernel tokens", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
 async def test_a_replica_holds_its_kernel_token_and_the_gateway_url_not_the_fleet_token(
     token_fleet, two_kernels
 ):
@@ -339,5 +346,12 @@ async def test_a_replica_holds_its_kernel_token_and_the_gateway_url_not_the_flee
         seen = json.loads(result.stdout)
         assert (seen["own"][0], seen["own"][1]["id"]) == (200, own)
         assert (seen["other"][0], seen["other"][1]["reason"]) == (403, "forbidden")
+
+        # the example of docs/gateway-contract.md, as written there
+        result = await client.request("execute_request", {"code": doc_example()}, timeout=60)
+        assert result.reply["status"] == "ok", result.reply
+        replicas = fleet.api("GET", f"/api/fleet/kernels/{own}")["replicas"]
+        shown = result.stdout  # a list of replica models, the running one "executing"
+        assert all(repr(replica["id"]) in shown for replica in replicas), shown
     finally:
         client.close()
