@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -355,3 +356,21 @@ async def test_a_replica_holds_its_kernel_token_and_the_gateway_url_not_the_flee
         assert all(repr(replica["id"]) in shown for replica in replicas), shown
     finally:
         client.close()
+
+
+def test_a_restarted_gateway_honours_the_tokens_and_keeps_the_gpu_default(token_fleet, two_kernels):
+    """Stateless tokens: the next gateway (same fleet token) derives the same key; the GPU
+    default is stored with the kernel."""
+    fleet = token_fleet
+    own = two_kernels[0]
+    token = kernel_token(fleet, own)
+    fleet.api("PUT", f"/api/fleet/kernels/{own}/gpus", {"gpus": 1})
+    fleet.restart_gateway(signal.SIGKILL)
+    wait_for(
+        lambda: own in [k["id"] for k in fleet.api("GET", "/api/kernels")],
+        30,
+        "the new gateway to adopt the kernel",
+    )
+    status, model = fleet.request("GET", f"/api/fleet/kernels/{own}", token=token)
+    assert (status, model["gpus"]) == (200, 1), model
+    fleet.api("PUT", f"/api/fleet/kernels/{own}/gpus", {"gpus": 0})
