@@ -17,6 +17,8 @@ from typing import Protocol
 import zmq.asyncio
 
 from kernelfleet.errors import FleetError, HostUnavailable, KernelStartFailed, NotFound
+from kernelfleet.gateway.event_schemas import EventType
+from kernelfleet.gateway.events import EventBus, publish_binding
 from kernelfleet.gateway.hosts import HostRegistry
 from kernelfleet.gateway.ledger import GpuLedger, device_ids_of
 from kernelfleet.gateway.links import KernelLinker
@@ -51,7 +53,9 @@ class ReplicaLauncher:
         context: zmq.asyncio.Context,
         replication: ReplicationSettings,
         launch_timeout: float,
+        events: EventBus | None = None,
     ) -> None:
+        self._events = events or EventBus()
         self._hosts = hosts
         self._ledger = ledger
         self._capacity = capacity
@@ -178,7 +182,9 @@ class ReplicaLauncher:
 
     def unsubscribe(self, kernel: KernelRecord, replica: ReplicaRecord) -> None:
         """The replica is gone (or going): its GPU claim and any binding go back to the pool."""
-        self._ledger.unsubscribe(kernel.id, replica.id)
+        binding = self._ledger.unsubscribe(kernel.id, replica.id)
+        if binding is not None:
+            publish_binding(self._events, EventType.GPUS_RELEASED, (binding,))
         self._capacity.capacity_changed()
 
     async def release_memory(self, replica: ReplicaRecord) -> None:
