@@ -14,12 +14,14 @@ from typing import cast
 import tornado.httpserver
 import tornado.netutil
 import tornado.web
+from jupyter_events import EventLogger
 from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Application
 
 from kernelfleet import __version__
 from kernelfleet.errors import FleetError
 from kernelfleet.gateway.autoscaler import Autoscaler
+from kernelfleet.gateway.events import EventBus
 from kernelfleet.gateway.handlers import routes
 from kernelfleet.gateway.host_provider import LocalProcessHostProvider
 from kernelfleet.gateway.hosts import HostRegistry
@@ -62,6 +64,7 @@ class GatewayApp(Application):
         ),
     }
 
+    events: EventBus
     hosts: HostRegistry
     kernels: KernelService
     kernelspecs: KernelSpecCatalog
@@ -157,6 +160,13 @@ class GatewayApp(Application):
         1.05, config=True, help="Hosts wanted: ceil(demand GPUs * headroom / host size) + buffer."
     )
     autoscale_buffer_hosts = Int(1, config=True, help="Idle hosts kept beyond the demand.")
+    validate_events = Bool(
+        config=True,
+        help="Check every fleet event against its jupyter_events schema as it is published "
+        "(about 60 us each, several per cell); a mismatch is logged at ERROR. Events emitted "
+        "through configured EventLogger.handlers are validated by jupyter_events in any case. "
+        "Default: $KERNELFLEET_VALIDATE_EVENTS is 1, else False.",
+    )
 
     @default("log_level")
     def _default_log_level(self) -> int:
@@ -179,6 +189,10 @@ class GatewayApp(Application):
     @default("check_ledger")
     def _default_check_ledger(self) -> bool:
         return os.environ.get("KERNELFLEET_CHECK_LEDGER", "") == "1"
+
+    @default("validate_events")
+    def _default_validate_events(self) -> bool:
+        return os.environ.get("KERNELFLEET_VALIDATE_EVENTS", "") == "1"
 
     @default("object_store_root")
     def _default_object_store_root(self) -> str:
@@ -234,7 +248,8 @@ class GatewayApp(Application):
         if policy.replicas == 1 and self.replicas > 1:
             log.info("policy %s runs one replica per kernel: --replicas ignored", self.policy)
             self.replicas = 1
-        self.hosts = HostRegistry(self.token, self.heartbeat_timeout)
+        self.events = EventBus(EventLogger(parent=self), validate=self.validate_events)
+        self.hosts = HostRegistry(self.token, self.heartbeat_timeout, self.events)
         replication = ReplicationSettings(
             replicas=self.replicas,
             launch_names=dict(self.replicated_kernelspecs),
@@ -252,6 +267,7 @@ class GatewayApp(Application):
             check_ledger=self.check_ledger,
             usage=UsageWindow.spanning(self.ratio_window, self.usage_sample_interval),
             kernel_tokens=KernelTokens(self.token),
+            events=self.events,
         )
         self.kernels.metrics.registry.on_collect(self._collect_gpu_metrics)
         self.kernelspecs = kernelspecs
@@ -273,6 +289,7 @@ class GatewayApp(Application):
             kernel_service=self.kernels,
             host_registry=self.hosts,
             kernelspecs=self.kernelspecs,
+            events=self.events,
             policy=self.policy,
             replicas=self.replicas,
             autoscaling=lambda: None if self.autoscaler is None else self.autoscaler.model(),
@@ -367,6 +384,7 @@ class GatewayApp(Application):
             max_hosts=autoscaling.max_hosts,
             metrics=self.kernels.metrics,
             hosts=self.hosts,
+            events=self.events,
         )
         self.kernels.grow_with(autoscaler)
         return autoscaler

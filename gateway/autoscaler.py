@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kernelfleet.errors import FleetError
+from kernelfleet.gateway.event_schemas import EventType
+from kernelfleet.gateway.events import EventBus
 from kernelfleet.gateway.host_provider import HostProvider
 from kernelfleet.gateway.metrics import FleetMetrics
 from kernelfleet.scheduler.decisions import AutoscaleDecision, Hold, ScaleIn, ScaleOut
@@ -78,6 +80,7 @@ class Autoscaler:
         max_hosts: int = 0,
         metrics: FleetMetrics | None = None,
         hosts: HostRetirement,
+        events: EventBus | None = None,
     ) -> None:
         if patience < 1 or cooldown < 0 or min_hosts < 0 or max_hosts < 0:
             raise ValueError("patience must be >= 1; cooldown and host limits >= 0")
@@ -94,6 +97,7 @@ class Autoscaler:
         self.max_hosts = max_hosts
         self._metrics = metrics
         self._hosts = hosts
+        self._events = events or EventBus()
         self._lock = asyncio.Lock()
         self._last_action: float | None = None
         self._streak: tuple[type, int] = (Hold, 0)
@@ -145,7 +149,29 @@ class Autoscaler:
         result = await self._round()
         if not isinstance(result.decision, Hold):
             self.last_round = result
+            self._publish(result)
         return result
+
+    def _publish(self, result: AutoscaleRound) -> None:
+        """An ``autoscaler-decision`` event for a round that did not hold."""
+        action = "scale-out" if isinstance(result.decision, ScaleOut) else "scale-in"
+        reasons = [f"{subject}: {why}" for subject, why in result.skipped]
+        if result.started or result.stopped:
+            done = [f"started {h}" for h in result.started] + [
+                f"stopped {h}" for h in result.stopped
+            ]
+            asked = f"the policy asked {self.patience} round(s) in a row"
+            reasons.insert(0, f"{asked}; {', '.join(done)}")
+        self._events.publish(
+            EventType.AUTOSCALER_DECISION,
+            {
+                "action": action,
+                "reason": "; ".join(reasons) or "nothing to do",
+                "decision": _describe(result.decision),
+                "started": list(result.started),
+                "stopped": list(result.stopped),
+            },
+        )
 
     async def _round(self) -> AutoscaleRound:
         async with self._lock:

@@ -8,7 +8,8 @@ can cancel it.
 
 `CellQueue` knows nothing of GPUs or policies. Its owner supplies `Assign`, an async callable
 that returns the `Assignment` of a cell (which replica, which devices, how to release them) and
-may take its time; it reports why it waits through the `Cell.say` callback.
+may take its time; it reports why it waits through the `Cell.say` callback. A `CellWatcher`
+hears of each cell's arrival, start and end (the fleet events and the kernel's recent cells).
 """
 
 from __future__ import annotations
@@ -115,6 +116,18 @@ class Cell:
     excluded: set[str] = field(default_factory=set)
     """Replicas that were sent the cell and could not run it (lost, or cut off)."""
     status_shown: bool = False
+    gpus_used: int = 0
+    """The GPUs it was given (its own need, else its kernel's), once assigned."""
+    host_id: str | None = None
+    """Its executor's host, once assigned."""
+    started_at: float | None = None
+    """When its replica began it (monotonic), if it did."""
+    waited: str | None = None
+    """Why it waited for GPUs, for a person ("waited 3.1 s for 1 GPU (2 cells ahead)")."""
+    moved_to: str | None = None
+    """The host a replica of its kernel moved to, to run it."""
+    ahead: int | None = None
+    """Cells ahead of it when it first waited for GPUs."""
 
     @property
     def id(self) -> str:
@@ -137,6 +150,31 @@ class Cell:
 
     def _move_to(self, outcome: CellOutcome) -> None:
         self.outcome = check_transition(CELL_TRANSITIONS, f"cell {self.id}", self.outcome, outcome)
+
+
+class CellWatcher(Protocol):
+    """Who hears of a kernel's cells (the `KernelLinker`). Called on the event loop, on the
+    cell's path: each call must be cheap and must not wait."""
+
+    def cell_queued(self, cell: Cell, queued: int) -> None:
+        """`cell` arrived; `queued` of the kernel's cells (it included) have not started."""
+
+    def cell_started(self, cell: Cell, assignment: Assignment) -> None:
+        """The replica of `assignment` began `cell` (``execute_input``)."""
+
+    def cell_finished(self, cell: Cell) -> None:
+        """`cell` ended with `Cell.outcome`, having run or not (never for a RETRY)."""
+
+
+class _Unwatched:
+    def cell_queued(self, cell: Cell, queued: int) -> None:
+        pass
+
+    def cell_started(self, cell: Cell, assignment: Assignment) -> None:
+        pass
+
+    def cell_finished(self, cell: Cell) -> None:
+        pass
 
 
 Assign = Callable[[Cell], Awaitable[Assignment]]
@@ -201,10 +239,10 @@ class CellQueue:
         kernel_id: str,
         assign: Assign,
         dispatch: Dispatch,
-        on_started: Callable[[Cell], None] = lambda cell: None,
+        watcher: CellWatcher | None = None,
     ) -> None:
         self.kernel_id = kernel_id
-        self._on_started = on_started
+        self._watcher = watcher or _Unwatched()
         self._assign = assign
         self._dispatch = dispatch
         self._waiting: deque[Cell] = deque()
@@ -218,6 +256,13 @@ class CellQueue:
     def submit(self, cell: Cell) -> None:
         self._waiting.append(cell)
         self._wakeup.set()
+        self._watcher.cell_queued(cell, self.queued)
+
+    @property
+    def queued(self) -> int:
+        """The kernel's cells not yet begun by a replica (waiting here, or being assigned)."""
+        current = self.current
+        return len(self._waiting) + (1 if current is not None and not current.running else 0)
 
     def cancel_waiting(self, why: str) -> None:
         """Cancel every cell not yet sent to a replica (an interrupt)."""
@@ -261,7 +306,7 @@ class CellQueue:
             return
         if assignment.replica_id == replica_id:
             cell.running = True
-            self._on_started(cell)
+            self._watcher.cell_started(cell, assignment)
 
     def replica_lost(self, replica_id: str) -> str | None:
         """`replica_id` is gone. A cell it was running ends as lost; one it had not begun is
@@ -295,6 +340,9 @@ class CellQueue:
         for cell in [*self._waiting, *([self.current] if self.current else [])]:
             if not cell.started.done():
                 self._end_unsent(cell, ErrorName.KERNEL_UNAVAILABLE, why)
+            elif not cell.ended.done():  # sent: its clients are told `why` by the link
+                cell.end(CellOutcome.LOST)
+                self._watcher.cell_finished(cell)
         self._waiting.clear()
 
     async def _run(self) -> None:
@@ -341,6 +389,7 @@ class CellQueue:
             finally:
                 assignment.release()
             if status is not CellOutcome.RETRY:
+                self._watcher.cell_finished(cell)
                 break
             log.warning(
                 "kernel %s: cell %s could not run on %s; sent again",
@@ -359,4 +408,5 @@ class CellQueue:
         """Answer a cell that never reached a replica: an error (or aborted) reply, then idle."""
         if not cell.ended.done():
             cell.end(CellOutcome.ABORTED if ename == "aborted" else CellOutcome.ERROR)
+            self._watcher.cell_finished(cell)
         cell.client.end_unsent_cell(cell, ename, why)

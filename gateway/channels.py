@@ -32,6 +32,7 @@ from kernelfleet.gateway.cells import (
     Cell,
     CellOutcome,
     CellQueue,
+    CellWatcher,
     cell_gpus,
     stops_on_error,
 )
@@ -161,7 +162,7 @@ class KernelLink:
         context: zmq.asyncio.Context,
         on_iopub: Callable[[str, KernelMessage], None],
         assign: Assign,
-        on_cell_started: Callable[[Cell], None] = lambda cell: None,
+        watcher: CellWatcher | None = None,
     ) -> None:
         self.kernel_id = kernel_id
         self._context = context
@@ -170,7 +171,7 @@ class KernelLink:
         self.primary: str | None = None
         self._routes: OrderedDict[str, str] = OrderedDict()
         self._clients: set[ClientLink] = set()
-        self.cells = CellQueue(kernel_id, assign, self._dispatch_cell, on_cell_started)
+        self.cells = CellQueue(kernel_id, assign, self._dispatch_cell, watcher)
 
     async def add_replica(self, replica_id: str, info: ConnectionInfo, timeout: float) -> None:
         """Subscribe to a live replica and open every client's sockets to it."""

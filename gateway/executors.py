@@ -29,7 +29,10 @@ from typing import Protocol
 
 from kernelfleet.errors import FleetError, GpusUnavailable, KernelDead, NoCapacity
 from kernelfleet.gateway.cells import Assignment, Cell
+from kernelfleet.gateway.event_schemas import EventType
+from kernelfleet.gateway.events import EventBus, publish_binding
 from kernelfleet.gateway.ledger import Commitment, GpuLedger
+from kernelfleet.gateway.ledger_records import Binding
 from kernelfleet.gateway.metrics import FleetMetrics
 from kernelfleet.gateway.records import KernelRecord, ReplicaRecord
 from kernelfleet.scheduler import FleetSnapshot, GpuBinding, Policy
@@ -63,12 +66,15 @@ class _Waiter:
     as of its last ask), and its wake-up call; a `WaitingCell` for the waiting-order rule."""
 
     cell: Cell
+    kernel_id: str
     gpus: int
     hosts: frozenset[str]
     turn: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     since: float = field(default_factory=time.monotonic)
+    told: tuple[str, int] | None = None
+    """(why, cells ahead) as last published in a ``cell-waiting`` event."""
 
 
 class ExecutorChooser:
@@ -81,12 +87,18 @@ class ExecutorChooser:
     """
 
     def __init__(
-        self, policy: Policy, ledger: GpuLedger, kernels: KernelOps, metrics: FleetMetrics
+        self,
+        policy: Policy,
+        ledger: GpuLedger,
+        kernels: KernelOps,
+        metrics: FleetMetrics,
+        events: EventBus | None = None,
     ) -> None:
         self._policy = policy
         self._ledger = ledger
         self._kernels = kernels
         self._metrics = metrics
+        self._events = events or EventBus()
         self._waiting: list[_Waiter] = []
         """Cells waiting for GPUs, in arrival order (what "ahead of you" counts)."""
 
@@ -114,7 +126,10 @@ class ExecutorChooser:
     def reserve(self, kernel: KernelRecord, replica: ReplicaRecord) -> None:
         """Commit the kernel's GPUs on `replica`'s host until the kernel (or the replica) goes:
         what a per-session policy does when a kernel starts. `GpusUnavailable` if taken."""
-        self._ledger.commit(replica.host_id, kernel.id, replica.id, SESSION, kernel.gpus)
+        commitment = self._ledger.commit(
+            replica.host_id, kernel.id, replica.id, SESSION, kernel.gpus
+        )
+        self._committed(commitment)
 
     async def assign(self, kernel: KernelRecord, cell: Cell) -> Assignment:
         """Choose the replica and GPUs of `cell`; waits while the policy says to wait."""
@@ -124,6 +139,7 @@ class ExecutorChooser:
                 f"under the {self._policy.name} policy a cell runs on its kernel's "
                 f"{_gpus(kernel.gpus)}, held for its whole life; it cannot ask for {cell.gpus}"
             )
+        cell.gpus_used = gpus
         waiter: _Waiter | None = None
         try:
             while True:
@@ -140,17 +156,16 @@ class ExecutorChooser:
                         return assignment
                 elif isinstance(decision, Migrate) and kernel.replicated:
                     source = next(r for r in replicas if r.host_id == decision.from_host)
-                    cell.say(
-                        f"kernelfleet: moving a replica to {decision.to_host} to get {_gpus(gpus)}"
-                    )
+                    cell.say(f"kernelfleet: {moving_text(decision.to_host, gpus)}")
                     await self._kernels.move_replica(kernel, source, decision.to_host)
+                    cell.moved_to = decision.to_host
                     continue
                 why = (
                     "hosts being added" if isinstance(decision, ScaleOut) else "GPUs to be released"
                 )
                 hosts = frozenset(r.host_id for r in replicas)
                 if waiter is None:  # registered here, so that `finally` sees it if cancelled
-                    waiter = _Waiter(cell, gpus, hosts)
+                    waiter = _Waiter(cell, kernel.id, gpus, hosts)
                     self._waiting.append(waiter)
                     self._metrics.queued_cells.set(len(self._waiting))
                 else:
@@ -171,6 +186,7 @@ class ExecutorChooser:
     ) -> Assignment | None:
         """The cell's GPUs on `replica`'s host: the kernel's own under a per-session policy,
         else committed now; None if they are taken, or kept for an older waiting cell."""
+        cell.host_id = replica.host_id
         if self.per_session:
             held = self._ledger.binding(kernel.id, replica.id)
             if held is not None:  # nothing to commit or release
@@ -180,10 +196,11 @@ class ExecutorChooser:
         commitment = self._bind(kernel, replica, cell, gpus)
         if commitment is None:
             return None
+        self._committed(commitment)
         if waiter is not None:
             self._stop_waiting(waiter)
-            waited = time.monotonic() - waiter.since
-            cell.say(f"kernelfleet: waited {waited:.1f} s for {_gpus(gpus)}")
+            cell.waited = waited_text(time.monotonic() - waiter.since, gpus, cell.ahead or 0)
+            cell.say(f"kernelfleet: {cell.waited}")
         await self._displace(commitment)
         if self.per_session:  # held until the kernel goes
             return Assignment(replica.id, commitment.device_ids)
@@ -195,18 +212,35 @@ class ExecutorChooser:
         """Tell the user why the cell waits and how many cells are ahead, then wait until GPUs
         are released or hosts change (or `RECHECK_INTERVAL` passed)."""
         ahead = self._waiting.index(waiter)
-        waiter.cell.say(
-            f"kernelfleet: waiting for {_gpus(waiter.gpus)} ({why}) — "
-            f"{ahead} cell{'s' if ahead != 1 else ''} ahead of you"
-        )
+        cell = waiter.cell
+        text = waiting_text(waiter.gpus, why, ahead)
+        cell.say(f"kernelfleet: {text}")
+        if cell.ahead is None:
+            cell.ahead = ahead
+        if waiter.told != (why, ahead):
+            waiter.told = (why, ahead)
+            data = {"cell_id": cell.id, "gpus": waiter.gpus, "reason": why, "cells_ahead": ahead}
+            self._events.publish(
+                EventType.CELL_WAITING, {**data, "text": text}, kernel_id=waiter.kernel_id
+            )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(waiter.turn, RECHECK_INTERVAL)
         waiter.turn = asyncio.get_running_loop().create_future()
 
     def release(self, kernel_id: str, cell_id: str) -> None:
         """The cell ended: its devices are free (its replica's memory may stay, warm)."""
-        if self._ledger.release(kernel_id, cell_id=cell_id):
+        released = self._ledger.release(kernel_id, cell_id=cell_id)
+        if released:
+            self.released(released)
             self.capacity_changed()
+
+    def released(self, bindings: tuple[Binding, ...]) -> None:
+        """Publish a ``gpus-released`` event for each binding of devices just released."""
+        publish_binding(self._events, EventType.GPUS_RELEASED, bindings)
+
+    def _committed(self, commitment: Commitment) -> None:
+        """Publish a ``gpus-committed`` event for devices just bound (none for zero GPUs)."""
+        publish_binding(self._events, EventType.GPUS_COMMITTED, (commitment.binding,))
 
     def _held_for_elders(self, host_id: str, gpus: int, waiter: _Waiter | None) -> bool:
         """Whether the `gpus` this cell would commit on `host_id` are kept for a cell waiting
@@ -263,5 +297,27 @@ class ExecutorChooser:
             self._ledger.mark_cold(other_kernel, other_replica)
 
 
+def waiting_text(gpus: int, why: str, ahead: int) -> str:
+    """What a cell waiting for GPUs shows (after ``kernelfleet: ``), and its event's text."""
+    return f"waiting for {_gpus(gpus)} ({why}) — {_cells(ahead)} ahead of you"
+
+
+def waited_text(seconds: float, gpus: int, ahead: int) -> str:
+    """Why a cell started late: ``waited 13.1 s for 1 GPU (3 cells ahead)``; `ahead` counts
+    the cells ahead of it when it began to wait."""
+    return f"waited {seconds:.1f} s for {_gpus(gpus)}" + (
+        f" ({_cells(ahead)} ahead)" if ahead else ""
+    )
+
+
+def moving_text(host: str, gpus: int) -> str:
+    """What a cell shows while a replica of its kernel moves to `host` to run it."""
+    return f"moving a replica to {host} to get {_gpus(gpus)}"
+
+
 def _gpus(count: int) -> str:
     return f"{count} GPU{'s' if count != 1 else ''}"
+
+
+def _cells(count: int) -> str:
+    return f"{count} cell{'s' if count != 1 else ''}"

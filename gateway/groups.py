@@ -24,6 +24,8 @@ import zmq.asyncio
 from kernelfleet.errors import Conflict, FleetError, NotFound
 from kernelfleet.gateway.admission import Admission
 from kernelfleet.gateway.background import Background
+from kernelfleet.gateway.event_schemas import EventType
+from kernelfleet.gateway.events import EventBus
 from kernelfleet.gateway.hosts import HostRegistry, HostState
 from kernelfleet.gateway.kernel_table import KernelTable
 from kernelfleet.gateway.launcher import CapacityListener, ReplicaLauncher
@@ -57,7 +59,9 @@ class GroupKeeper:
         launch_timeout: float,
         metrics: FleetMetrics,
         background: Background,
+        events: EventBus | None = None,
     ) -> None:
+        self._events = events or EventBus()
         self._kernels = kernels
         self._hosts = hosts
         self._admission = admission
@@ -81,6 +85,12 @@ class GroupKeeper:
         )
         self._launcher.unsubscribe(kernel, replica)
         self._kernels.persist()
+        self._events.publish(
+            EventType.REPLICA_LOST,
+            {"replica_id": replica.id, "why": why},
+            kernel_id=kernel.id,
+            host_id=replica.host_id,
+        )
         if kernel.dead:
             kernel.execution_state = "dead"
             if kernel.link is not None:  # its running cell ends, and later ones fail at once
@@ -99,7 +109,8 @@ class GroupKeeper:
                 kernel.link.remove_replica(lost.id, f"the replica running it ({lost.id}) was lost")
             try:
                 await self._forget(kernel, lost)
-                await self._replace(kernel, lost)
+                new = await self._replace(kernel, lost)
+                self._moved(EventType.REPLICA_REPLACED, kernel, lost, new)
             except FleetError as e:
                 live = len(kernel.live_replicas())
                 log.error("kernel %s: runs on %d replica(s); repair failed: %s", kernel.id, live, e)
@@ -173,6 +184,7 @@ class GroupKeeper:
             )
         if host.state is HostState.ALIVE:
             host.move_to(HostState.DRAINING)
+        self._events.publish(EventType.HOST_DRAINING, {"replicas": len(leaving)}, host_id=host_id)
         self._capacity.capacity_changed()
         try:
             for kernel, replica in leaving:
@@ -184,6 +196,7 @@ class GroupKeeper:
             self._capacity.capacity_changed()
             raise
         log.info("host %s drained: %d replica(s) moved away", host_id, len(leaving))
+        self._events.publish(EventType.HOST_DRAINED, {"moved": len(leaving)}, host_id=host_id)
 
     def _cells_held(self, kernel: KernelRecord) -> AbstractAsyncContextManager[None]:
         """No cell starts while the body runs (once the running one ended)."""
@@ -210,6 +223,22 @@ class GroupKeeper:
         await self._remove_member(kernel, old)
         self._metrics.migration_time.observe(time.monotonic() - started)
         self._kernels.persist()
+        self._moved(EventType.REPLICA_MIGRATED, kernel, old, new)
+
+    def _moved(
+        self, event_type: EventType, kernel: KernelRecord, old: ReplicaRecord, new: ReplicaRecord
+    ) -> None:
+        self._events.publish(
+            event_type,
+            {
+                "replica_id": new.id,
+                "replaced": old.id,
+                "from_host": old.host_id,
+                "to_host": new.host_id,
+            },
+            kernel_id=kernel.id,
+            host_id=new.host_id,
+        )
 
     def _check_migration_target(self, kernel: KernelRecord, host_id: str) -> None:
         host = self._hosts.get(host_id)

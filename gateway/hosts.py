@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kernelfleet.errors import InvalidRequest, NotFound
+from kernelfleet.gateway.event_schemas import EventType
+from kernelfleet.gateway.events import EventBus
 from kernelfleet.kernels.agent.client import HostAgentClient
 from kernelfleet.states import Transitions, check_transition
 
@@ -99,7 +101,10 @@ class HostListener(Protocol):
 class HostRegistry:
     """Registered hosts by id. Callers pass ``now`` (monotonic seconds) so tests can drive time."""
 
-    def __init__(self, token: str, heartbeat_timeout: float) -> None:
+    def __init__(
+        self, token: str, heartbeat_timeout: float, events: EventBus | None = None
+    ) -> None:
+        self._events = events or EventBus()
         self._token = token
         self._heartbeat_timeout = heartbeat_timeout
         self._listener: HostListener | None = None
@@ -124,6 +129,7 @@ class HostRegistry:
         if not isinstance(gpus, list) or not isinstance(replicas, list):
             raise InvalidRequest("'gpus' and 'replicas' must be lists")
         host = self._hosts.get(host_id)
+        new = host is None
         if host is None:
             host = HostRecord(
                 id=host_id, address=address, client=HostAgentClient(address, self._token)
@@ -133,7 +139,8 @@ class HostRegistry:
         if host.address != address:
             host.client.close()
             host.address, host.client = address, HostAgentClient(address, self._token)
-        if not host.alive:
+        returned = not host.alive
+        if returned:
             host.move_to(HostState.ALIVE)
             log.warning("host %s is back after missing its heartbeats", host_id)
         instance = body.get("instance")
@@ -143,6 +150,9 @@ class HostRegistry:
                 "host %s restarted (agent instance %s -> %s)", host_id, host.instance, instance
             )
         host.gpus, host.replicas, host.instance, host.last_seen = gpus, replicas, instance, now
+        if new or returned:
+            data = {"address": address, "gpus": len(gpus), "returned": returned}
+            self._events.publish(EventType.HOST_ADDED, data, host_id=host_id)
         if self._listener is not None:
             self._listener.on_host_report(host, restarted)
         return host
@@ -157,7 +167,7 @@ class HostRegistry:
                     host.id,
                     now - host.last_seen,
                 )
-                self._lost(host)
+                self._lost(host, f"missed its heartbeats for {now - host.last_seen:.1f} s")
                 lost.append(host)
         return lost
 
@@ -177,16 +187,17 @@ class HostRegistry:
         if host is None:
             return
         if host.alive:
-            self._lost(host)
+            self._lost(host, "stopped on purpose")
         host.move_to(HostState.GIVEN_UP)
         del self._hosts[host_id]
         host.client.close()
         log.info("host %s forgotten: it was stopped", host_id)
 
-    def _lost(self, host: HostRecord) -> None:
+    def _lost(self, host: HostRecord, why: str) -> None:
         """LOST (from any heartbeating state), then the listener's `on_host_lost`."""
         if host.alive:
             host.move_to(HostState.LOST)
+            self._events.publish(EventType.HOST_LOST, {"why": why}, host_id=host.id)
         if self._listener is not None:
             self._listener.on_host_lost(host)
 

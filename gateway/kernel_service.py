@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -40,6 +41,8 @@ from kernelfleet.errors import (
 from kernelfleet.gateway.admission import Admission
 from kernelfleet.gateway.background import Background
 from kernelfleet.gateway.channels import ClientLink, Deliver, OnClosed
+from kernelfleet.gateway.event_schemas import EventType
+from kernelfleet.gateway.events import EventBus
 from kernelfleet.gateway.executors import ExecutorChooser
 from kernelfleet.gateway.fleet_view import FleetView, HostGrowth
 from kernelfleet.gateway.groups import GroupKeeper
@@ -58,6 +61,7 @@ from kernelfleet.gateway.records import (
     ReplicaState,
     ReplicationSettings,
     gpu_need,
+    start_facts,
 )
 from kernelfleet.gateway.store import KernelStore
 from kernelfleet.scheduler import FleetSnapshot, Policy
@@ -84,6 +88,7 @@ class KernelService:
         check_ledger: bool = False,
         usage: UsageWindow | None = None,
         kernel_tokens: KernelTokens | None = None,
+        events: EventBus | None = None,
     ) -> None:
         self._hosts = hosts
         self._policy = policy
@@ -96,23 +101,29 @@ class KernelService:
         None: kernels get no token, and none is accepted."""
         self._context = zmq.asyncio.Context()
         self.metrics = metrics or FleetMetrics()
+        self.events = events or EventBus()
         self.ledger = GpuLedger(check_ledger, self._ledger_breached)
-        self._chooser = ExecutorChooser(policy, self.ledger, self, self.metrics)
+        self._chooser = ExecutorChooser(policy, self.ledger, self, self.metrics, self.events)
         self._kernels = KernelTable(store)
         self._fleet = FleetView(hosts, self.ledger, self._chooser, usage or UsageWindow(1))
         self._admission = Admission(policy, self._fleet, launch_timeout)
-        self._linker = KernelLinker(self._context, self._chooser, self.metrics, launch_timeout)
+        self._linker = KernelLinker(
+            self._context, self._chooser, self.metrics, launch_timeout, self.events
+        )
         self._launcher = ReplicaLauncher(
             hosts, self.ledger, self._chooser, self._linker, self._context,
-            self._replication, launch_timeout, kernel_tokens,
+            self._replication, launch_timeout, kernel_tokens, self.events,
         )  # fmt: skip
         background = Background()
         self._groups = GroupKeeper(
             self._kernels, hosts, self._admission, self._launcher, self._linker, self._chooser,
             self._context, self._replication, launch_timeout, self.metrics, background,
+            self.events,
         )  # fmt: skip
         hosts.listen(
-            HostReconciler(self._kernels, self.ledger, self._chooser, self._groups, background)
+            HostReconciler(
+                self._kernels, self.ledger, self._chooser, self._groups, background, self.events
+            )
         )
 
     def _ledger_breached(self, breach: str) -> None:
@@ -168,6 +179,7 @@ class KernelService:
     async def start(self, name: str | None, env: Any) -> KernelRecord:
         """Place and launch a kernel; returns once it answered and IOPub is subscribed."""
         name = self._kernelspecs.resolve(name)
+        notebook_path, user = start_facts(env)
         env = self._checked_env(env)
         launch_name, replicas = self._replication.plan(name)
         kernel = KernelRecord(
@@ -177,9 +189,11 @@ class KernelService:
             launch_name=launch_name,
             replicas_wanted=replicas,
             gpus=gpu_need(env),
+            notebook_path=notebook_path,
+            user=user,
         )
         placement = await self._admission.admit(kernel)
-        self._kernels.add(kernel)
+        self._add(kernel)
         started = time.monotonic()
         try:
             await self._launcher.launch_group(kernel, placement.host_ids)
@@ -192,7 +206,32 @@ class KernelService:
         self.metrics.kernel_start.observe(time.monotonic() - started)
         self._kernels.persist()
         log.info("kernel %s (%s) started on %s", kernel.id, name, ", ".join(placement.host_ids))
+        self.events.publish(
+            EventType.KERNEL_STARTED,
+            {
+                "name": name,
+                "replicas": [{"id": r.id, "host": r.host_id} for r in kernel.replicas],
+                "gpus": kernel.gpus,
+                "notebook_path": kernel.notebook_path,
+                "user": kernel.user,
+            },
+            kernel_id=kernel.id,
+        )
         return kernel
+
+    def _add(self, kernel: KernelRecord) -> None:
+        """Add `kernel` to the table, its model reading the GPUs bound to it from the ledger."""
+        kernel.gpus_held = functools.partial(self._gpus_held, kernel)
+        self._kernels.add(kernel)
+
+    def _gpus_held(self, kernel: KernelRecord) -> list[dict[str, Any]]:
+        """``[{"host", "devices"}]``: the devices bound to `kernel`'s replicas right now."""
+        held = []
+        for replica in kernel.replicas:
+            binding = self.ledger.binding(kernel.id, replica.id)
+            if binding is not None and binding.device_ids:
+                held.append({"host": binding.host_id, "devices": list(binding.device_ids)})
+        return held
 
     async def _reserve(self, kernel: KernelRecord) -> None:
         """Commit the kernel's GPUs for its whole life on its first replica's host (per-session
@@ -271,10 +310,11 @@ class KernelService:
             if kernel.link is not None:
                 kernel.link.close("the kernel was shut down")
             await self._launcher.stop(kernel, kernel.replicas)
-        self.ledger.remove_kernel(kernel_id)
+        self._chooser.released(self.ledger.remove_kernel(kernel_id))
         self._chooser.capacity_changed()
         self._kernels.persist()
         log.info("kernel %s shut down", kernel_id)
+        self.events.publish(EventType.KERNEL_STOPPED, {"why": "shut down"}, kernel_id=kernel_id)
 
     async def shutdown_all(self) -> None:
         await asyncio.gather(
@@ -322,7 +362,7 @@ class KernelService:
                         replica.move_to(ReplicaState.DEAD)
                 else:
                     self._launcher.subscribe(kernel, replica)
-            self._kernels.add(kernel)
+            self._add(kernel)
             try:
                 await self._linker.link(kernel)
             except FleetError as e:

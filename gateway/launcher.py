@@ -18,6 +18,8 @@ from typing import Protocol
 import zmq.asyncio
 
 from kernelfleet.errors import FleetError, HostUnavailable, KernelStartFailed, NotFound
+from kernelfleet.gateway.event_schemas import EventType
+from kernelfleet.gateway.events import EventBus, publish_binding
 from kernelfleet.gateway.hosts import HostRegistry
 from kernelfleet.gateway.kernel_tokens import KernelTokens
 from kernelfleet.gateway.ledger import GpuLedger, device_ids_of
@@ -54,7 +56,9 @@ class ReplicaLauncher:
         replication: ReplicationSettings,
         launch_timeout: float,
         tokens: KernelTokens | None = None,
+        events: EventBus | None = None,
     ) -> None:
+        self._events = events or EventBus()
         self._hosts = hosts
         self._ledger = ledger
         self._capacity = capacity
@@ -183,7 +187,9 @@ class ReplicaLauncher:
 
     def unsubscribe(self, kernel: KernelRecord, replica: ReplicaRecord) -> None:
         """The replica is gone (or going): its GPU claim and any binding go back to the pool."""
-        self._ledger.unsubscribe(kernel.id, replica.id)
+        binding = self._ledger.unsubscribe(kernel.id, replica.id)
+        if binding is not None:
+            publish_binding(self._events, EventType.GPUS_RELEASED, (binding,))
         self._capacity.capacity_changed()
 
     async def release_memory(self, replica: ReplicaRecord) -> None:

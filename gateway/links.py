@@ -22,9 +22,11 @@ from jupyter_client.session import Session
 from kernelfleet.errors import KernelDead
 from kernelfleet.gateway.cells import Assignment, Cell
 from kernelfleet.gateway.channels import KernelLink
+from kernelfleet.gateway.event_schemas import EventType
+from kernelfleet.gateway.events import EventBus
 from kernelfleet.gateway.framing import KernelMessage, kernel_message_from_dict
 from kernelfleet.gateway.metrics import FleetMetrics
-from kernelfleet.gateway.records import KernelRecord
+from kernelfleet.gateway.records import CellRecord, KernelRecord
 
 log = logging.getLogger("kernelfleet.gateway.kernels")
 
@@ -46,10 +48,12 @@ class KernelLinker:
         assigner: CellAssigner,
         metrics: FleetMetrics,
         launch_timeout: float,
+        events: EventBus | None = None,
     ) -> None:
         self._context = context
         self._assigner = assigner
         self._metrics = metrics
+        self._events = events or EventBus()
         self._launch_timeout = launch_timeout
         self._status_session = Session(username="kernelfleet")
 
@@ -67,7 +71,7 @@ class KernelLinker:
             self._context,
             functools.partial(self._on_iopub, kernel),
             functools.partial(self._assigner.assign, kernel),
-            self._cell_started,
+            KernelCells(kernel, self._metrics, self._events),
         )
         kernel.link = link
         # The last executor first: it is the primary, which answers everything but cells.
@@ -107,6 +111,60 @@ class KernelLinker:
             if kernel.link is not None:
                 kernel.link.set_primary(replica_id)
 
-    def _cell_started(self, cell: Cell) -> None:
-        """The executor began `cell`: its start delay is the time since the gateway got it."""
-        self._metrics.cell_start_delay.observe(time.monotonic() - cell.received_at)
+
+class KernelCells:
+    """A kernel's `CellWatcher`: each cell's start delay goes to the metrics, its record to the
+    kernel's `recent_cells`, and its arrival, start and end to the fleet events. Cheap appends
+    only: it runs on the cell's path."""
+
+    def __init__(self, kernel: KernelRecord, metrics: FleetMetrics, events: EventBus) -> None:
+        self._kernel = kernel
+        self._metrics = metrics
+        self._events = events
+
+    def cell_queued(self, cell: Cell, queued: int) -> None:
+        self._kernel.recent_cells.append(CellRecord(cell.id, time.time(), gpus=cell.gpus))
+        self._events.publish(
+            EventType.CELL_QUEUED,
+            {"cell_id": cell.id, "gpus": cell.gpus, "queued": queued},
+            kernel_id=self._kernel.id,
+        )
+
+    def cell_started(self, cell: Cell, assignment: Assignment) -> None:
+        """Its start delay is the time since the gateway got it."""
+        now = time.monotonic()
+        delay = now - cell.received_at
+        cell.started_at = now
+        self._metrics.cell_start_delay.observe(delay)
+        record = self._kernel.recent_cell(cell.id)
+        if record is not None:
+            record.started_at = time.time()
+            record.gpus, record.host = cell.gpus_used, cell.host_id
+            record.devices = assignment.devices
+            record.start_delay_s, record.waited, record.moved_to = delay, cell.waited, cell.moved_to
+        self._events.publish(
+            EventType.CELL_STARTED,
+            {
+                "cell_id": cell.id,
+                "replica_id": assignment.replica_id,
+                "gpus": cell.gpus_used,
+                "devices": list(assignment.devices),
+                "start_delay_s": delay,
+                "waited": cell.waited,
+                "moved_to": cell.moved_to,
+            },
+            kernel_id=self._kernel.id,
+            host_id=cell.host_id,
+        )
+
+    def cell_finished(self, cell: Cell) -> None:
+        duration = None if cell.started_at is None else time.monotonic() - cell.started_at
+        record = self._kernel.recent_cell(cell.id)
+        if record is not None:
+            record.outcome, record.duration_s = cell.outcome.value, duration
+        self._events.publish(
+            EventType.CELL_FINISHED,
+            {"cell_id": cell.id, "outcome": cell.outcome.value, "duration_s": duration},
+            kernel_id=self._kernel.id,
+            host_id=cell.host_id,
+        )

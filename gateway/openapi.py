@@ -13,9 +13,12 @@ import copy
 from typing import Any
 
 from kernelfleet import __version__
+from kernelfleet.gateway.event_schemas import EventType
 
 _INT = {"type": "integer", "minimum": 0}
 _STRINGS = {"type": "array", "items": {"type": "string"}}
+_NULLABLE_STRING = {"type": "string", "nullable": True}
+_SECONDS = {"type": "number", "minimum": 0}
 _ID = "^[A-Za-z0-9_-][A-Za-z0-9_.-]*$"
 """Host and replica ids as the routes take them (``[\\w.-]+``), less a leading dot, so that no
 generated id reads as a ``.``/``..`` path segment."""
@@ -63,6 +66,14 @@ def _path_param(name: str, pattern: str, description: str) -> dict[str, Any]:
         "schema": {"type": "string", "pattern": pattern, "minLength": 1},
     }
 
+
+_KERNEL_FILTER = {
+    "name": "kernel",
+    "in": "query",
+    "required": False,
+    "description": "Only this kernel's events (404 if the gateway runs no such kernel).",
+    "schema": {"type": "string"},
+}
 
 _HOST_ID = _path_param("host_id", _ID, "A host's id (`host-1`, ...).")
 _KERNEL_ID = _path_param("kernel_id", "^[A-Za-z0-9_-]+$", "A kernel's id.")
@@ -190,6 +201,55 @@ _SCHEMAS: dict[str, Any] = {
                 **_INT,
                 "description": "GPUs per cell unless a cell asks otherwise (`%%gpus N`, metadata).",
             },
+            "gpus_held": {
+                "type": "array",
+                "items": _object({"host": {"type": "string"}, "devices": _STRINGS}),
+                "description": "Devices bound to it right now, by host.",
+            },
+            "queued_cells": {**_INT, "description": "Its cells in the gateway, not begun yet."},
+            "last_activity": {
+                "type": "number",
+                "nullable": True,
+                "description": "Unix seconds of its last message.",
+            },
+            "notebook_path": {
+                **_NULLABLE_STRING,
+                "description": "The notebook's path (or folder) as its Jupyter server sent it.",
+            },
+            "user": {**_NULLABLE_STRING, "description": "`KERNEL_USERNAME` as sent at start."},
+            "recent_cells": {
+                "type": "array",
+                "items": _ref("RecentCell"),
+                "description": "Its last 10 cells, newest last.",
+            },
+        }
+    ),
+    "RecentCell": _object(
+        {
+            "id": {"type": "string", "description": "The execute_request's msg_id."},
+            "host": {**_NULLABLE_STRING, "description": "Where it ran; null until assigned."},
+            "gpus": {**_INT, "nullable": True},
+            "devices": _STRINGS,
+            "queued_at": {"type": "number", "description": "Unix seconds."},
+            "started_at": {"type": "number", "nullable": True},
+            "start_delay_s": {**_SECONDS, "nullable": True},
+            "waited": {**_NULLABLE_STRING, "description": "Why it waited, for a person."},
+            "moved_to": _NULLABLE_STRING,
+            "outcome": {**_NULLABLE_STRING, "description": "null while it has not ended."},
+            "duration_s": {**_SECONDS, "nullable": True},
+        }
+    ),
+    "Event": _object(
+        {
+            "seq": {**_INT, "description": "Monotonic per gateway run."},
+            "time": {"type": "number", "description": "Unix seconds."},
+            "type": {"type": "string", "enum": [t.value for t in EventType]},
+            "kernel_id": _NULLABLE_STRING,
+            "host_id": _NULLABLE_STRING,
+            "data": {
+                "type": "object",
+                "description": "Type-specific (docs/gateway-contract.md, Events).",
+            },
         }
     ),
     "KernelMigration": _object(
@@ -258,6 +318,52 @@ _PATHS: dict[str, Any] = {
                 **_AUTH_ERRORS,
             },
         },
+    },
+    "/api/fleet/events": {
+        "get": {
+            "operationId": "listEvents",
+            "summary": "The last fleet events the gateway keeps, oldest first.",
+            "parameters": [
+                _KERNEL_FILTER,
+                {
+                    "name": "n",
+                    "in": "query",
+                    "required": False,
+                    "description": "How many (default 50).",
+                    "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+                },
+            ],
+            "responses": {
+                "200": _json({"type": "array", "items": _ref("Event")}, "The events."),
+                "400": _error("`n` is not an integer from 1 to 1000."),
+                "404": _error("No such kernel."),
+                **_AUTH_ERRORS,
+            },
+        }
+    },
+    "/api/fleet/events/stream": {
+        "get": {
+            "operationId": "streamEvents",
+            "summary": "A websocket: each event as one JSON text message (an `Event`), first "
+            "those kept after `since`, then live ones. A client that falls behind gets an "
+            "`events-missed` event for what it lost.",
+            "parameters": [
+                _KERNEL_FILTER,
+                {
+                    "name": "since",
+                    "in": "query",
+                    "required": False,
+                    "description": "Send the kept events numbered after this first.",
+                    "schema": {"type": "integer", "minimum": 0},
+                },
+            ],
+            "responses": {
+                "101": {"description": "Switching to the websocket protocol."},
+                "400": _error("Not a websocket request, or `since` is not a number."),
+                "404": _error("No such kernel."),
+                **_AUTH_ERRORS,
+            },
+        }
     },
     "/api/fleet/kernels": {
         "get": {

@@ -14,6 +14,8 @@ from typing import Protocol
 
 from kernelfleet.errors import FleetError
 from kernelfleet.gateway.background import Background
+from kernelfleet.gateway.event_schemas import EventType
+from kernelfleet.gateway.events import EventBus, publish_binding
 from kernelfleet.gateway.hosts import HostRecord
 from kernelfleet.gateway.kernel_table import KernelTable
 from kernelfleet.gateway.launcher import CapacityListener
@@ -43,7 +45,9 @@ class HostReconciler:
         capacity: CapacityListener,
         loss: ReplicaLoss,
         background: Background,
+        events: EventBus | None = None,
     ) -> None:
+        self._events = events or EventBus()
         self._kernels = kernels
         self._ledger = ledger
         self._capacity = capacity
@@ -74,7 +78,7 @@ class HostReconciler:
     def on_host_lost(self, host: HostRecord) -> None:
         """`host` is lost (or forgotten): its GPUs leave the ledger and its replicas are given
         up for dead."""
-        self._ledger.drop_host(host.id)
+        publish_binding(self._events, EventType.GPUS_RELEASED, self._ledger.drop_host(host.id))
         self._capacity.capacity_changed()
         for kernel, replica in self._kernels.live_replicas_on(host.id):
             replica.move_to(ReplicaState.DEAD)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -125,6 +127,35 @@ class ReplicaRecord:
         )
 
 
+RECENT_CELLS = 10
+"""Cells a kernel's admin model lists (``recent_cells``), newest last."""
+
+
+@dataclass
+class CellRecord:
+    """One of a kernel's recent cells, as the admin API shows it (`model`). Times are unix
+    seconds; `outcome` is None until it ends (a `CellOutcome` value then)."""
+
+    id: str
+    queued_at: float
+    gpus: int | None = None
+    host: str | None = None
+    devices: tuple[str, ...] = ()
+    started_at: float | None = None
+    start_delay_s: float | None = None
+    waited: str | None = None
+    moved_to: str | None = None
+    outcome: str | None = None
+    duration_s: float | None = None
+
+    def model(self) -> dict[str, Any]:
+        return {**asdict(self), "devices": list(self.devices)}
+
+
+def _no_gpus_held() -> list[dict[str, Any]]:
+    return []
+
+
 @dataclass
 class KernelRecord:
     """A kernel: its replicas, its link, and what Jupyter clients see of it."""
@@ -146,6 +177,14 @@ class KernelRecord:
     executor: str | None = None
     execution_state: str = "starting"
     last_activity: datetime = field(default_factory=lambda: datetime.now(UTC))
+    notebook_path: str | None = None
+    """The notebook's path, if the Jupyter server sent it (`start_facts`)."""
+    user: str | None = None
+    """Who started it, if the Jupyter server said (`start_facts`)."""
+    recent_cells: deque[CellRecord] = field(default_factory=lambda: deque(maxlen=RECENT_CELLS))
+    gpus_held: Callable[[], list[dict[str, Any]]] = _no_gpus_held
+    """``[{"host", "devices"}]`` bound to it right now; the kernel service sets it (the ledger
+    knows)."""
 
     def model(self) -> dict[str, Any]:
         """The Jupyter kernel model (docs/gateway-contract.md)."""
@@ -173,7 +212,17 @@ class KernelRecord:
             "replicas": replicas,
             "executor": self.executor,
             "gpus": self.gpus,
+            "gpus_held": self.gpus_held(),
+            "queued_cells": self.link.cells.queued if self.link is not None else 0,
+            "last_activity": self.last_activity.timestamp(),
+            "notebook_path": self.notebook_path,
+            "user": self.user,
+            "recent_cells": [cell.model() for cell in self.recent_cells],
         }
+
+    def recent_cell(self, cell_id: str) -> CellRecord | None:
+        """The record of cell `cell_id` among the recent ones (newest first), or None."""
+        return next((cell for cell in reversed(self.recent_cells) if cell.id == cell_id), None)
 
     def to_state(self) -> dict[str, Any]:
         """What a restarted gateway needs to find and relink this kernel."""
@@ -187,6 +236,8 @@ class KernelRecord:
             "raft_password": self.raft_password,
             "lost_replicas": self.lost_replicas,
             "executor": self.executor,
+            "notebook_path": self.notebook_path,
+            "user": self.user,
             "replicas": [replica.to_state() for replica in self.replicas],
         }
 
@@ -214,6 +265,31 @@ class KernelRecord:
             for replica in self.replicas
             if replica.state not in (ReplicaState.DEAD, ReplicaState.CATCHING_UP)
         ]
+
+
+NOTEBOOK_PATH_VARIABLE = "JPY_SESSION_NAME"
+"""The notebook's path, which jupyter_server puts in a kernel's start ``env`` (it reaches the
+gateway when the Jupyter server's ``GatewayClient.allowed_envs`` names it)."""
+
+WORKING_DIR_VARIABLE = "KERNEL_WORKING_DIR"
+"""The notebook's folder, which jupyter_server's gateway client always sends."""
+
+USER_VARIABLE = "KERNEL_USERNAME"
+"""The user, which jupyter_server's gateway client sends (its ``GatewayClient.http_user`` if
+the variable is not set)."""
+
+
+def start_facts(env: Any) -> tuple[str | None, str | None]:
+    """(notebook path, user) from a kernel-create request's ``env``, before it is filtered:
+    the notebook's own path when sent, else its folder; None for what is not there."""
+    if not isinstance(env, dict):
+        return None, None
+
+    def text(name: str) -> str | None:
+        value = env.get(name)
+        return value if isinstance(value, str) and value else None
+
+    return text(NOTEBOOK_PATH_VARIABLE) or text(WORKING_DIR_VARIABLE), text(USER_VARIABLE)
 
 
 def gpu_need(env: dict[str, str]) -> int:

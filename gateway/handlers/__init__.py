@@ -1,6 +1,7 @@
 """The gateway's HTTP and websocket endpoints."""
 
 from kernelfleet.gateway.handlers.channels import ChannelsHandler
+from kernelfleet.gateway.handlers.events import FleetEventsHandler, FleetEventsStreamHandler
 from kernelfleet.gateway.handlers.fleet import (
     FleetHandler,
     FleetHostHandler,
@@ -39,6 +40,8 @@ def routes() -> list[tuple[str, type]]:
         (rf"/api/kernels/{_KERNEL_ID}/channels", ChannelsHandler),
         (r"/api/fleet/?", FleetHandler),
         (r"/api/fleet/openapi\.json", OpenApiHandler),
+        (r"/api/fleet/events/?", FleetEventsHandler),
+        (r"/api/fleet/events/stream", FleetEventsStreamHandler),
         (r"/api/fleet/hosts/?", FleetHostsHandler),
         (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/?", FleetHostHandler),
         (r"/api/fleet/kernels/?", FleetKernelsHandler),

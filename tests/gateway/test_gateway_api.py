@@ -115,8 +115,11 @@ def test_admin_api_shows_hosts_and_kernel_replicas(fleet):
     kernel_id = fleet.start_kernel(env={"KERNEL_GPUS": "1"})
     try:
         view = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")
-        assert set(view) == {"id", "name", "replicas", "executor", "gpus"}
-        assert view["gpus"] == 1
+        assert set(view) == {
+            "id", "name", "replicas", "executor", "gpus", "gpus_held", "queued_cells",
+            "last_activity", "notebook_path", "user", "recent_cells",
+        }  # fmt: skip
+        assert (view["gpus"], view["gpus_held"], view["recent_cells"]) == (1, [], [])
         assert view["executor"] is None
         (replica,) = view["replicas"]
         assert set(replica) == {"id", "host", "pid", "state"}

@@ -107,6 +107,9 @@ DECISIONS: dict[tuple[str, str], tuple[object, object]] = {
         r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/replicas/(?P<replica_id>[\w.-]+)/migrate/?",
         "POST",
     ): (FORBIDDEN, FORBIDDEN),
+    # a kernel's token reads only its own events (its filter is forced: see the test below)
+    (r"/api/fleet/events/?", "GET"): (OK, OK),
+    (r"/api/fleet/events/stream", "GET"): (OK, OK),
     (r"/metrics", "GET"): (FORBIDDEN, FORBIDDEN),
     (r".*", "GET"): (FORBIDDEN, FORBIDDEN),
 }
@@ -214,6 +217,19 @@ async def test_a_kernel_token_cannot_open_a_kernels_channels(token_fleet, two_ke
         assert refused.value.code == 403
     ws = await token_fleet.connect(own)  # the fleet token does
     ws.close()
+
+
+def test_a_kernel_token_reads_its_own_events_and_no_others(token_fleet, two_kernels):
+    own, other = two_kernels
+    token = kernel_token(token_fleet, own)
+    status, events = token_fleet.request("GET", "/api/fleet/events?n=1000", token=token)
+    assert status == 200
+    assert events, "a started kernel has events"
+    assert {event["kernel_id"] for event in events} == {own}
+    status, body = token_fleet.request("GET", f"/api/fleet/events?kernel={other}", token=token)
+    assert (status, body["reason"]) == (403, "forbidden")
+    everyone = token_fleet.api("GET", "/api/fleet/events?n=1000")
+    assert {own, other} <= {event["kernel_id"] for event in everyone}
 
 
 def test_a_kernel_reads_and_changes_its_own_gpus_and_not_another_kernels(token_fleet, two_kernels):
