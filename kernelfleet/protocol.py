@@ -12,20 +12,26 @@ Everything two kernelfleet processes must spell alike lives here, and nowhere el
 - `ConnectionInfo` and `CONNECTION_KEYS`: where a replica listens, as the host agent reports it
   and the gateway connects to it;
 - `ReplicaEnv`: the environment variables of a replica's process (the host agent sets them,
-  the replica and the code in it read them).
+  the replica and the code in it read them);
+- `gpus_magic`: the GPU count a cell asks for with a leading ``%%gpus N`` line (the gateway
+  and the kernel's magic read the one syntax).
 
 The values are wire strings: replicas of an older release, stored gateway state, tests and
 clients rely on them, so they never change (tests/test_protocol.py pins them). Members may be
 message values as they are; as keys of a message's dicts, write ``member.value`` (orjson, which
 jupyter_client prefers, refuses keys that are not exactly `str`). This module imports nothing
-from kernelfleet, so that every process and every layer may import it.
+from kernelfleet but its domain errors (`gpus_magic` raises one), so that every process and every
+layer may import it.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Any, TypedDict
+
+from kernelfleet.errors import InvalidRequest
 
 
 class Channel(enum.StrEnum):
@@ -210,6 +216,42 @@ class CellKey(enum.StrEnum):
 def gpu_request(gpus: int) -> dict[str, Any]:
     """The execute_request metadata with which a client asks for `gpus` GPUs for one cell."""
     return {METADATA_KEY: {CellKey.GPUS.value: gpus}}
+
+
+GPUS_MAGIC_USAGE = "usage: %%gpus N  (N: the number of GPUs this cell runs with, 0 or more)"
+"""What a bad ``%%gpus`` line is answered with, by the gateway and by the kernel's magic."""
+
+_GPUS_MAGIC = re.compile(r"%%gpus(?:\s(?P<args>.*))?")
+_HELP_FLAGS = frozenset({"-h", "--help"})
+
+
+def gpus_magic(code: str) -> int | None:
+    """The GPU count a cell asks for with a leading ``%%gpus N`` line, else None.
+
+    The gateway calls it on every ``execute_request``'s ``code`` to place the cell; the kernel's
+    ``%%gpus`` magic calls it on its own line, so both read one syntax. Only the first
+    non-blank line counts, and only when it is ``%%gpus`` followed by whitespace or nothing:
+    ``N`` is one token of ASCII digits. ``%%gpus -h`` and ``%%gpus --help`` ask the magic for
+    its help, not for GPUs: None. Raises `InvalidRequest` (message: what is wrong, then
+    `GPUS_MAGIC_USAGE`) for anything else after ``%%gpus``: nothing, a negative number, a
+    non-number, more than one token. Whether some host has N GPUs is not checked here.
+    """
+    first = next((line.strip() for line in code.splitlines() if line.strip()), "")
+    found = _GPUS_MAGIC.fullmatch(first)
+    if found is None:
+        return None
+    args = (found.group("args") or "").split()
+    if len(args) == 1 and args[0] in _HELP_FLAGS:
+        return None
+    if not args:
+        raise InvalidRequest(f"%%gpus needs a number of GPUs\n{GPUS_MAGIC_USAGE}")
+    if len(args) > 1:
+        raise InvalidRequest(f"%%gpus takes one number, not {' '.join(args)!r}\n{GPUS_MAGIC_USAGE}")
+    if not args[0].isascii() or not args[0].isdigit():
+        raise InvalidRequest(
+            f"%%gpus needs a whole number of GPUs, 0 or more, not {args[0]!r}\n{GPUS_MAGIC_USAGE}"
+        )
+    return int(args[0])
 
 
 def options_of(container: object) -> dict[str, Any]:
