@@ -22,7 +22,7 @@ SHARED = ("kernelfleet.errors", "kernelfleet.protocol", "kernelfleet.states")
 ALLOWED: dict[str, tuple[str, ...]] = {
     # the pure layers: no process, no I/O of their own
     "kernelfleet.errors": (),
-    "kernelfleet.protocol": (),
+    "kernelfleet.protocol": ("kernelfleet.errors",),  # gpus_magic raises InvalidRequest
     "kernelfleet.states": (),
     "kernelfleet.runtime_file": (),
     "kernelfleet.raft": SHARED,
@@ -40,10 +40,12 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "kernelfleet.kernels.agent": (*SHARED, "kernelfleet.web", "kernelfleet.runtime_file"),
     "kernelfleet.kernels.replica": (*SHARED, "kernelfleet.raft", "kernelfleet.kernels.objectstore"),
     "kernelfleet.kernels.objectstore": SHARED,
+    "kernelfleet.kernels.magics": (*SHARED, "kernelfleet.client"),
     "kernelfleet.extension": (*SHARED, "kernelfleet.client"),
     # what runs inside a notebook
     "kernelfleet.tools": (*SHARED, "kernelfleet.client"),
     # clients and glue
+    "kernelfleet.client": SHARED,
     "kernelfleet.web": SHARED,
     "kernelfleet.replay": (*SHARED, "kernelfleet.scheduler"),
     "kernelfleet.cli": (),
