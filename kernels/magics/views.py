@@ -21,7 +21,8 @@ TITLE_STYLE = "margin: 0.2em 0"
 
 @dataclass(frozen=True)
 class Section:
-    """A titled block: a note line and a table (either may be empty)."""
+    """A titled block: a note line and a table (either may be empty; a table without a
+    header is a list of label/value rows)."""
 
     title: str
     note: str = ""
@@ -41,7 +42,7 @@ class View:
             parts.append(f'<p style="{TITLE_STYLE}"><strong>{_e(section.title)}</strong></p>')
             if section.note:
                 parts.append(f'<p style="{NOTE_STYLE}">{_e(section.note)}</p>')
-            if section.header:
+            if section.header or section.rows:
                 parts.append(_table(section.header, section.rows))
         parts.append("</div>")
         return "\n".join(parts)
@@ -52,7 +53,7 @@ class View:
             lines = [section.title]
             if section.note:
                 lines.append(section.note)
-            if section.header:
+            if section.header or section.rows:
                 lines += _text_table(section.header, section.rows)
             blocks.append("\n".join(lines))
         return "\n\n".join(blocks)
@@ -67,16 +68,18 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     body = "".join(
         "<tr>" + "".join(f"<td>{_e(cell)}</td>" for cell in row) + "</tr>" for row in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    thead = f"<thead><tr>{head}</tr></thead>" if header else ""
+    return f"<table>{thead}<tbody>{body}</tbody></table>"
 
 
 def _text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    lines = [header] if header else []
+    widths = [max(len(str(c[i])) for c in [*lines, *rows]) for i in range(len((lines or rows)[0]))]
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
-    return [line(header), *(line(row) for row in rows)] if rows else [line(header), "(none)"]
+    return [*(line(cells) for cells in [*lines, *rows])] + ([] if rows else ["(none)"])
 
 
 def seconds(value: Any) -> str:
@@ -214,7 +217,7 @@ def policy_view(fleet: dict[str, Any]) -> View:
         last = scaling.get("last_round")
         rows.append(("last decision", str(last.get("decision")) if last else "none yet"))
     note = f"kernelfleet {fleet.get('version', '?')}"
-    return View(Section("the fleet's scheduling", note, ("", ""), tuple(rows)))
+    return View(Section("the fleet's scheduling", note, (), tuple(rows)))
 
 
 def events_view(events: Sequence[dict[str, Any]]) -> View:
