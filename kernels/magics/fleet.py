@@ -19,6 +19,7 @@ naming its URL.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -83,7 +84,10 @@ class FleetMagics(Magics):
     def __init__(self, shell: Any = None, client_factory: Callable[[], Any] | None = None):
         super().__init__(shell)
         self.client_factory = client_factory
-        self.parser = fleet_parser()
+
+    @cached_property
+    def parser(self) -> MagicParser:
+        return fleet_parser()  # on first use: the kernel starts without building it
 
     def client(self) -> Any:
         if self.client_factory is not None:
