@@ -231,16 +231,17 @@ def gpus_magic(code: str) -> int | None:
     The gateway calls it on every ``execute_request``'s ``code`` to place the cell; the kernel's
     ``%%gpus`` magic calls it on its own line, so both read one syntax. Only the first
     non-blank line counts, and only when it is ``%%gpus`` followed by whitespace or nothing:
-    ``N`` is one token of ASCII digits. ``%%gpus -h`` and ``%%gpus --help`` ask the magic for
-    its help, not for GPUs: None. Raises `InvalidRequest` (message: what is wrong, then
-    `GPUS_MAGIC_USAGE`) for anything else after ``%%gpus``: nothing, a negative number, a
-    non-number, more than one token. Whether some host has N GPUs is not checked here.
+    ``N`` is one token of ASCII digits, and a ``#`` starts a comment. ``%%gpus -h`` and
+    ``%%gpus --help`` ask the magic for its help, not for GPUs: None. Raises `InvalidRequest`
+    (message: what is wrong, then `GPUS_MAGIC_USAGE`) for anything else after ``%%gpus``:
+    nothing, a negative number, a non-number, more than one token. Whether some host has N
+    GPUs is not checked here.
     """
     first = next((line.strip() for line in code.splitlines() if line.strip()), "")
     found = _GPUS_MAGIC.fullmatch(first)
     if found is None:
         return None
-    args = (found.group("args") or "").split()
+    args = (found.group("args") or "").split("#", 1)[0].split()
     if len(args) == 1 and args[0] in _HELP_FLAGS:
         return None
     if not args:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+import kernelfleet
 from kernelfleet.client import (
     FleetApiError,
     FleetClient,
@@ -190,6 +193,20 @@ def test_a_proxy_in_the_environment_is_not_used(gateway, monkeypatch):
     monkeypatch.delenv("no_proxy", raising=False)
     monkeypatch.delenv("NO_PROXY", raising=False)
     assert FleetClient(gateway.url, TOKEN).fleet() == {}
+
+
+def test_the_readme_example_runs(gateway, monkeypatch, capsys):
+    readme = (Path(kernelfleet.__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## In the notebook: %magics", 1)[1].split("\n## ", 1)[0]
+    (example,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    monkeypatch.setenv("KERNELFLEET_GATEWAY_URL", gateway.url)
+    monkeypatch.setenv("KERNELFLEET_KERNEL_TOKEN", TOKEN)
+    monkeypatch.setenv("KERNELFLEET_KERNEL_ID", "k-1")
+    replicas = [{"id": "r-1", "host": "host-1"}, {"id": "r-2", "host": "host-3"}]
+    gateway.answers["/api/fleet/kernels/k-1"] = json_answer({"id": "k-1", "replicas": replicas})
+    exec(compile(example, "README.md", "exec"), {})
+    assert capsys.readouterr().out == "['host-1', 'host-3']\n"
+    assert gateway.seen[-1].authorization == f"token {TOKEN}"
 
 
 def test_from_environment_reads_the_replicas_variables():

@@ -32,10 +32,10 @@ class MagicParser(argparse.ArgumentParser):
 
 
 def parse(parser: MagicParser, line: str) -> argparse.Namespace | None:
-    """`line` parsed by `parser` (shell-like quoting); None when it asked for the help, which
-    was printed. Raises ``UsageError`` for anything `parser` refuses."""
+    """`line` parsed by `parser` (shell-like quoting, ``#`` starts a comment); None when it
+    asked for the help, which was printed. Raises ``UsageError`` for anything `parser` refuses."""
     try:
-        words = shlex.split(line)
+        words = shlex.split(line, comments=True)
     except ValueError as e:
         raise UsageError(f"{e}\n{parser.format_usage().rstrip()}") from None
     try:

@@ -25,7 +25,7 @@ import kernelfleet
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.kernels.magics import registry, views
 from kernelfleet.kernels.magics.fleet import fleet_parser
-from kernelfleet.kernels.magics.gpus import devices_report
+from kernelfleet.kernels.magics.gpus import devices_report, parse_count
 from kernelfleet.kernels.magics.parsing import parse
 from kernelfleet.protocol import ReplicaEnv, gpus_magic
 from kernelfleet.testing import free_port
@@ -42,6 +42,13 @@ def gateway_serves(path: str) -> bool:
         if re.fullmatch(spec[0], path):
             return spec[1] is not NotFoundHandler
     return False
+
+
+def readme_examples(language: str) -> list[str]:
+    """The `language` code blocks of the README's section on the magics."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## In the notebook: %magics", 1)[1].split("\n## ", 1)[0]
+    return re.findall(rf"```{language}\n(.*?)```", section, re.S)
 
 
 # Until the branches that build them are merged (issue 11): then these run.
@@ -77,6 +84,7 @@ def shell() -> InteractiveShell:
         ("%%gpus 1\nx = 1", 1),
         ("\n  \n%%gpus 0\nx = 1", 0),
         ("%%gpus   12  ", 12),
+        ("%%gpus 2  # two for training\nx = 1", 2),
         ("x = 1\n%%gpus 1", None),
         ("%%gpusx 1", None),
         ("%gpus 1", None),
@@ -101,11 +109,25 @@ def test_fleet_arguments_parse_and_bad_ones_raise_usage_error(capsys):
     assert parse(parser, "events").n == 20
     assert parse(parser, "migrate --host 'host-4'").host == "host-4"
     assert parse(parser, "migrate").host is None
+    assert parse(parser, "hosts  # every host").command == "hosts"
     for bad in ["bogus", "events -n 0", "events -n x", "events -n 1001", "migrate host-4", "'"]:
         with pytest.raises(UsageError, match=r"usage: %fleet"):
             parse(parser, bad)
     assert parse(parser, "migrate --help") is None
     assert "usage: %fleet migrate [-h] [--host ID]" in capsys.readouterr().out
+
+
+def test_the_readme_examples_are_accepted_as_written():
+    lines, cell = readme_examples("ipython")
+    parser = fleet_parser()
+    for line in lines.splitlines():
+        magic, _, rest = line.partition(" ")
+        if magic == "%fleet":
+            assert parse(parser, rest) is not None, line
+        else:
+            assert magic == "%gpus", line
+            assert rest.split("#")[0].strip() == "" or parse_count(rest, "%gpus", "") == 1
+    assert gpus_magic(cell) == 1
 
 
 def test_magics_answer_help_and_refuse_bad_arguments_in_a_shell(shell, capsys):
@@ -427,9 +449,7 @@ async def test_every_replica_kernel_loads_the_magics_and_they_refuse_bad_argumen
 @pytest.mark.slow
 async def test_a_gpus_cell_says_which_device_it_ran_on(kernel):
     _, client = await kernel({"KERNEL_GPUS": "1"})
-    cell = await client.execute(
-        "%%gpus 1\nimport os\nprint('bound', os.environ['KERNELFLEET_GPUS'])"
-    )
+    cell = await client.execute(readme_examples("ipython")[1])  # as the README says
     assert cell.reply["status"] == "ok", cell.reply
     assert cell.stdout == "bound 0\nran on 1 GPU: 0\n"
 
