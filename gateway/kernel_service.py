@@ -114,7 +114,7 @@ class KernelService:
             hosts, self.ledger, self._chooser, self._linker, self._context,
             self._replication, launch_timeout, kernel_tokens, self.events,
         )  # fmt: skip
-        background = Background()
+        background = self._background = Background()
         self._groups = GroupKeeper(
             self._kernels, hosts, self._admission, self._launcher, self._linker, self._chooser,
             self._context, self._replication, launch_timeout, self.metrics, background,
@@ -378,14 +378,20 @@ class KernelService:
         """Move one replica to `host_id`, or where the policy places it (`GroupKeeper.migrate`)."""
         return await self._groups.migrate(kernel_id, replica_id, host_id)
 
-    async def migrate_kernel(self, kernel_id: str, host_id: str | None) -> dict[str, str]:
+    async def migrate_kernel(self, kernel_id: str, host_id: str | None) -> dict[str, Any]:
         """Move the kernel's executor replica (the one that ran its last cell, else its first)
         to `host_id`, or where the policy places it: ``POST /api/fleet/kernels/{id}/migrate``.
 
-        Returns ``{"replica_id": its successor, "from_host", "to_host"}``. `NotFound` for an
-        unknown kernel or host; `Conflict` for a kernel of one replica (it cannot move without
-        losing its state), for the host the replica is on, or one already holding another of
-        its replicas (and whatever `GroupKeeper.migrate` refuses)."""
+        A replica moves between cells. With none running or queued, the move is done before
+        this returns ``{"state": "done", "replica_id": its successor, "from_host", "to_host"}``.
+        Otherwise (as when a cell of the kernel asks for it: ``%fleet migrate``) it is checked,
+        then started in the background, to happen once the running cell ends: ``{"state":
+        "scheduled", "replica_id": None, "from_host", "to_host": host_id}``; its outcome shows
+        as a ``replica-migrated`` event, or in the log.
+
+        `NotFound` for an unknown kernel or host; `Conflict` for a kernel of one replica (it
+        cannot move without losing its state), for the host the replica is on, or one already
+        holding another of its replicas (and whatever `GroupKeeper.migrate` refuses)."""
         kernel = self.get(kernel_id)
         replica = next((r for r in kernel.replicas if r.id == kernel.executor), None)
         if replica is None and kernel.replicas:
@@ -401,10 +407,23 @@ class KernelService:
             )
         if host_id == replica.host_id:
             raise Conflict(f"replica {replica.id} of kernel {kernel_id} is on {host_id} already")
+        if host_id is not None and host_id in {r.host_id for r in kernel.replicas}:
+            raise Conflict(f"kernel {kernel_id} has another replica on {host_id} already")
+        moving = {"from_host": replica.host_id, "to_host": host_id}
+        cells = kernel.link.cells if kernel.link is not None else None
+        if cells is not None and (cells.current is not None or cells.queued):
+            self._background.run(self._migrate_later(kernel_id, replica.id, host_id))
+            return {"state": "scheduled", "replica_id": None, **moving}
         before = {r.id for r in kernel.replicas}
         await self._groups.migrate(kernel_id, replica.id, host_id)
         new = next(r for r in kernel.replicas if r.id not in before)
-        return {"replica_id": new.id, "from_host": replica.host_id, "to_host": new.host_id}
+        return {"state": "done", "replica_id": new.id, **moving, "to_host": new.host_id}
+
+    async def _migrate_later(self, kernel_id: str, replica_id: str, host_id: str | None) -> None:
+        try:
+            await self._groups.migrate(kernel_id, replica_id, host_id)
+        except FleetError as e:
+            log.warning("kernel %s: the move of %s asked for failed: %s", kernel_id, replica_id, e)
 
     def set_gpus(self, kernel_id: str, gpus: object) -> KernelRecord:
         """Set the kernel's GPU count for its later cells that ask for none themselves

@@ -254,9 +254,21 @@ _SCHEMAS: dict[str, Any] = {
     ),
     "KernelMigration": _object(
         {
-            "replica_id": {"type": "string", "description": "The moved replica's successor."},
+            "state": {
+                "type": "string",
+                "enum": ["done", "scheduled"],
+                "description": "`scheduled`: a cell of the kernel runs or waits; the replica "
+                "moves once it ends (a `replica-migrated` event tells).",
+            },
+            "replica_id": {
+                **_NULLABLE_STRING,
+                "description": "The moved replica's successor; null while scheduled.",
+            },
             "from_host": {"type": "string"},
-            "to_host": {"type": "string"},
+            "to_host": {
+                **_NULLABLE_STRING,
+                "description": "null while scheduled with no host named (the policy picks).",
+            },
         }
     ),
     "GpuSetting": {
@@ -401,6 +413,7 @@ _PATHS: dict[str, Any] = {
             },
             "responses": {
                 "200": _json(_ref("KernelMigration"), "Moved."),
+                "202": _json(_ref("KernelMigration"), "Checked; moves once the running cell ends."),
                 "400": _error("Not a valid body."),
                 "404": _error("No such kernel or host (the message names it)."),
                 "409": _error(

@@ -27,6 +27,7 @@ layer may import it.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -221,6 +222,46 @@ def gpu_request(gpus: int) -> dict[str, Any]:
     return {METADATA_KEY: {CellKey.GPUS.value: gpus}}
 
 
+GPUS_MAGIC = "%%gpus"
+GPUS_MAGIC_USAGE = "usage: %%gpus N  (N: the number of GPUs this cell runs with, 0 or more)"
+"""What a bad ``%%gpus`` line is answered with, by the gateway and by the kernel's magic."""
+
+_GPUS_MAGIC = re.compile(re.escape(GPUS_MAGIC) + r"(?:\s(?P<args>.*))?")
+_HELP_FLAGS = frozenset({"-h", "--help"})
+
+
+def gpus_magic(code: str) -> int | None:
+    """The GPU count a cell asks for with a leading ``%%gpus N`` line, else None.
+
+    The gateway calls it on every ``execute_request``'s ``code`` to place the cell; the kernel's
+    ``%%gpus`` magic calls it on its own line, so both read one syntax. Only the first
+    non-blank line counts, and only when it is ``%%gpus`` followed by whitespace or nothing:
+    ``N`` is one token of ASCII digits, and a ``#`` starts a comment. ``%%gpus -h`` and
+    ``%%gpus --help`` ask the magic for its help, not for GPUs: None. Raises `InvalidRequest`
+    (message: what is wrong, then `GPUS_MAGIC_USAGE`) for anything else after ``%%gpus``:
+    nothing, a negative number, a non-number, more than one token. Whether some host has N
+    GPUs is not checked here.
+    """
+    first = next((line.strip() for line in code.splitlines() if line.strip()), "")
+    found = _GPUS_MAGIC.fullmatch(first)
+    if found is None:
+        return None
+    args = (found.group("args") or "").split("#", 1)[0].split()
+    if len(args) == 1 and args[0] in _HELP_FLAGS:
+        return None
+    if not args:
+        raise InvalidRequest(f"%%gpus needs a number of GPUs\n{GPUS_MAGIC_USAGE}")
+    if len(args) > 1:
+        raise InvalidRequest(f"%%gpus takes one number, not {' '.join(args)!r}\n{GPUS_MAGIC_USAGE}")
+    if args[0].startswith("-") and args[0][1:].isascii() and args[0][1:].isdigit():
+        raise InvalidRequest(f"%%gpus cannot be negative ({args[0]})\n{GPUS_MAGIC_USAGE}")
+    if not args[0].isascii() or not args[0].isdigit():  # "²" is a digit to isdigit, not to int
+        raise InvalidRequest(
+            f"%%gpus needs a whole number of GPUs, 0 or more, not {args[0]!r}\n{GPUS_MAGIC_USAGE}"
+        )
+    return int(args[0])
+
+
 def options_of(container: object) -> dict[str, Any]:
     """The kernelfleet options (the dict under `METADATA_KEY`) of a message's metadata or
     content; empty when there are none, or `container` is not a dict."""
@@ -312,32 +353,3 @@ class ReplicaEnv(enum.StrEnum):
 KERNEL_TOKEN_PREFIX = "kfk1"
 """A kernel-scoped token reads ``kfk1.<kernel id>.<mac>`` (`kernelfleet.gateway.kernel_tokens`
 issues and verifies them); servers tell it from their fleet token by this prefix."""
-
-GPUS_MAGIC = "%%gpus"
-GPUS_USAGE = "%%gpus N: run this cell with N GPUs (N a non-negative integer; 0: none)"
-
-
-def gpus_magic(code: str) -> int | None:
-    """The GPU count of a cell that begins with a ``%%gpus N`` line (its first non-blank line),
-    or None when it does not (or asks for ``--help``/``-h``, which the kernel answers).
-
-    `InvalidRequest` (its message ends with `GPUS_USAGE`) when N is missing, negative, not an
-    integer, or followed by more arguments. The gateway reads it to place the cell; the
-    kernel's ``%%gpus`` magic reads it the same way, then runs the cell's body.
-    """
-    first = next((line for line in code.splitlines() if line.strip()), "")
-    words = first.split()
-    if not words or words[0] != GPUS_MAGIC:
-        return None
-    args = words[1:]
-    if args in (["--help"], ["-h"]):
-        return None
-    if len(args) != 1:
-        got = "nothing" if not args else repr(" ".join(args))
-        raise InvalidRequest(f"%%gpus takes one number, not {got}. Usage: {GPUS_USAGE}")
-    raw = args[0]
-    if raw.startswith("-") and raw[1:].isascii() and raw[1:].isdigit():
-        raise InvalidRequest(f"%%gpus cannot be negative ({raw}). Usage: {GPUS_USAGE}")
-    if not (raw.isascii() and raw.isdigit()):  # "²" is a digit to isdigit, not to int
-        raise InvalidRequest(f"%%gpus needs a whole number, not {raw!r}. Usage: {GPUS_USAGE}")
-    return int(raw)

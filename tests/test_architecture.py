@@ -40,10 +40,12 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "kernelfleet.kernels.agent": (*SHARED, "kernelfleet.web", "kernelfleet.runtime_file"),
     "kernelfleet.kernels.replica": (*SHARED, "kernelfleet.raft", "kernelfleet.kernels.objectstore"),
     "kernelfleet.kernels.objectstore": SHARED,
+    "kernelfleet.kernels.magics": (*SHARED, "kernelfleet.client"),
     "kernelfleet.extension": (*SHARED, "kernelfleet.client"),
     # what runs inside a notebook
     "kernelfleet.tools": (*SHARED, "kernelfleet.client"),
     # clients and glue
+    "kernelfleet.client": SHARED,
     "kernelfleet.web": SHARED,
     "kernelfleet.replay": (*SHARED, "kernelfleet.scheduler"),
     "kernelfleet.cli": (),

@@ -124,8 +124,8 @@ class ReplicaMigrateHandler(GatewayHandler):
 
 class KernelMigrateHandler(GatewayHandler):
     """``POST /api/fleet/kernels/{id}/migrate`` with an optional ``{"host": id}``: move the
-    kernel's executor replica (`KernelService.migrate_kernel`); answers ``{"replica_id",
-    "from_host", "to_host"}``."""
+    kernel's executor replica (`KernelService.migrate_kernel`): 200 once moved, 202 when it
+    moves after the kernel's running cell (the case of ``%fleet migrate``)."""
 
     kernel_access = {"POST": _OWN}
 
@@ -133,7 +133,8 @@ class KernelMigrateHandler(GatewayHandler):
         host = self.json_body().get("host")
         if host is not None and not isinstance(host, str):
             raise InvalidRequest("'host' must be a host id")
-        self.write_json(await self.kernels.migrate_kernel(kernel_id, host))
+        moved = await self.kernels.migrate_kernel(kernel_id, host)
+        self.write_json(moved, 202 if moved["state"] == "scheduled" else 200)
 
 
 class KernelGpusHandler(GatewayHandler):

@@ -66,6 +66,7 @@ LEAD_DEADLINE = 5.0  # seconds to commit the LEAD proposal before refusing the c
 MEMBERSHIP_DEADLINE = 10.0  # seconds to get a membership change through pysyncobj's refusals
 OWED_DELTA_WAIT = 15.0  # seconds to wait for another replica's owed delta before going on
 CELLS_REMEMBERED = 10_000  # cells whose executor is remembered, to refuse a duplicate
+MAGICS_EXTENSION = "kernelfleet.kernels.magics"  # %fleet, %gpus and the tools' magics
 
 
 @dataclass
@@ -124,6 +125,17 @@ class ReplicatedKernel(IPythonKernel):
         self.settled = asyncio.Event()
         self.settled.set()
         self.raft_port_hold = hold_port(os.environ.get(ReplicaEnv.RAFT_ADDRESS, ""))
+        self._load_magics()
+
+    def _load_magics(self) -> None:
+        """Load kernelfleet's magics (`MAGICS_EXTENSION`) into the shell, as ``%load_ext``
+        would: cheap, for the extension imports only what registers the magics. A tool's magic
+        that fails is reported by the extension and skipped; if the extension itself fails, the
+        kernel starts without magics and logs why."""
+        try:
+            self.user_shell.extension_manager.load_extension(MAGICS_EXTENSION)
+        except Exception:
+            self.log.exception("kernelfleet's magics did not load; the kernel runs without them")
 
     @property
     def user_shell(self) -> Any:

@@ -81,23 +81,12 @@ def test_a_bad_magic_line_is_a_usage_error_named_as_ipython_names_it():
 
 # ---- live ----------------------------------------------------------------------------------
 
-# The kernel-side `%%gpus` magic comes from another branch (magics); until it is merged a kernel
-# answers "Cell magic `%%gpus` not found". This stand-in, registered by a setup cell, only runs
-# the body, which is all the real magic does once the gateway placed the cell. Drop it at merge.
-STAND_IN_MAGIC = """
-from IPython.core.magic import register_cell_magic
-
-@register_cell_magic
-def gpus(line, cell):
-    exec(cell, get_ipython().user_ns)
-"""
-
 SHOW = "%%gpus {n}\nimport os, time\nprint('gpus=' + os.environ['KERNELFLEET_GPUS'], flush=True)\n"
 
 
 @pytest.fixture(scope="module")
 def one_gpu(fleet_factory):
-    """One host with one GPU: one replica per kernel, so the stand-in magic is where cells run."""
+    """One host with one GPU: one replica per kernel, so the one replica is where cells run."""
     return fleet_factory(hosts=1, gpus=1, replicas=1)
 
 
@@ -111,8 +100,6 @@ async def kernel_client(fleet):
     kernel_id = fleet.start_kernel()
     ws = await fleet.connect(kernel_id)
     try:
-        setup = await ws.request("execute_request", {"code": STAND_IN_MAGIC}, timeout=60)
-        assert setup.reply["status"] == "ok", setup.reply
         ws.kernel_id = kernel_id
         yield ws
     finally:

@@ -1,0 +1,265 @@
+"""What the magics show: the gateway's JSON models as small HTML tables and as plain text.
+
+Each function takes the model the admin API answered (`kernelfleet.client.FleetClient`'s
+return values) and returns a `View`: JupyterLab renders its ``_repr_html_`` (plain tables,
+which JupyterLab's own stylesheet styles, light or dark; colours only through its ``--jp-*``
+variables), and every other frontend its ``__repr__``. A field the gateway does not send
+(an older gateway) is left out, never an error. Pure functions: no I/O.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+NOTE_STYLE = "color: var(--jp-ui-font-color2, #616161); margin: 0.2em 0 0.5em 0"
+TITLE_STYLE = "margin: 0.2em 0"
+
+
+@dataclass(frozen=True)
+class Section:
+    """A titled block: a note line and a table (either may be empty; a table without a
+    header is a list of label/value rows)."""
+
+    title: str
+    note: str = ""
+    header: tuple[str, ...] = ()
+    rows: tuple[tuple[str, ...], ...] = ()
+
+
+class View:
+    """Sections shown as HTML (``_repr_html_``) and as text (``__repr__``)."""
+
+    def __init__(self, *sections: Section) -> None:
+        self.sections = sections
+
+    def _repr_html_(self) -> str:
+        parts = ['<div class="kernelfleet-view">']
+        for section in self.sections:
+            parts.append(f'<p style="{TITLE_STYLE}"><strong>{_e(section.title)}</strong></p>')
+            if section.note:
+                parts.append(f'<p style="{NOTE_STYLE}">{_e(section.note)}</p>')
+            if section.header or section.rows:
+                parts.append(_table(section.header, section.rows))
+        parts.append("</div>")
+        return "\n".join(parts)
+
+    def __repr__(self) -> str:
+        blocks = []
+        for section in self.sections:
+            lines = [section.title]
+            if section.note:
+                lines.append(section.note)
+            if section.header or section.rows:
+                lines += _text_table(section.header, section.rows)
+            blocks.append("\n".join(lines))
+        return "\n\n".join(blocks)
+
+
+def _e(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    head = "".join(f"<th>{_e(cell)}</th>" for cell in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_e(cell)}</td>" for cell in row) + "</tr>" for row in rows
+    )
+    thead = f"<thead><tr>{head}</tr></thead>" if header else ""
+    return f"<table>{thead}<tbody>{body}</tbody></table>"
+
+
+def _text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = [header] if header else []
+    widths = [max(len(str(c[i])) for c in [*lines, *rows]) for i in range(len((lines or rows)[0]))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    return [*(line(cells) for cells in [*lines, *rows])] + ([] if rows else ["(none)"])
+
+
+def seconds(value: Any) -> str:
+    """A duration for people: ``42 ms``, ``13.1 s``, ``2 min 5 s``; ``-`` when unknown."""
+    if not isinstance(value, int | float):
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 120:
+        return f"{value:.1f} s"
+    return f"{int(value // 60)} min {int(value % 60)} s"
+
+
+def gpus_phrase(count: int) -> str:
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"
+
+
+def devices_text(devices: Iterable[Any]) -> str:
+    return ", ".join(str(d) for d in devices) or "-"
+
+
+def kernel_view(model: dict[str, Any], now: float | None = None) -> View:
+    """``%fleet``: the kernel's replicas (host, state, the executor, GPUs bound), its GPU
+    count per cell, and its last cells' start delays and why they waited."""
+    held = {h.get("host"): list(h.get("devices", [])) for h in model.get("gpus_held") or []}
+    executor = model.get("executor")
+    rows = tuple(
+        (
+            str(r.get("id", "")),
+            str(r.get("host", "")),
+            str(r.get("state", "")),
+            "executor" if r.get("id") == executor else "",
+            devices_text(held.get(r.get("host"), [])),
+        )
+        for r in model.get("replicas", [])
+    )
+    replicas = Section(
+        f"kernel {model.get('id', '?')} · {model.get('name', '?')}",
+        _kernel_note(model, held, now),
+        ("replica", "host", "state", "role", "GPUs bound"),
+        rows,
+    )
+    cells = model.get("recent_cells")
+    if cells is None:
+        return View(replicas)
+    return View(replicas, cells_section(cells))
+
+
+def _kernel_note(model: dict[str, Any], held: dict[Any, list[Any]], now: float | None) -> str:
+    parts = []
+    for key in ("notebook_path", "user"):
+        if model.get(key):
+            parts.append(str(model[key]))
+    if isinstance(model.get("gpus"), int):
+        parts.append(f"{gpus_phrase(model['gpus'])} per cell")
+    if "gpus_held" in model:
+        bound = [f"{len(d)} on {host} ({devices_text(d)})" for host, d in held.items() if d]
+        parts.append("holding " + "; ".join(bound) if bound else "no GPU bound now")
+    if isinstance(model.get("queued_cells"), int):
+        parts.append(f"{model['queued_cells']} queued cell(s)")
+    last = model.get("last_activity")
+    if isinstance(last, int | float):
+        parts.append(f"last activity {seconds((now or time.time()) - last)} ago")
+    return " · ".join(parts)
+
+
+def cells_section(cells: Sequence[dict[str, Any]]) -> Section:
+    """The last cells, newest last: where each ran, its GPUs, how long it waited and why."""
+    rows = tuple(
+        (
+            str(cell.get("id", ""))[:8],
+            str(cell.get("host") or "-"),
+            str(cell.get("gpus", "-")),
+            devices_text(cell.get("devices") or []),
+            seconds(cell.get("start_delay_s")),
+            "; ".join(
+                filter(
+                    None,
+                    [
+                        cell.get("waited"),
+                        f"moved to {cell['moved_to']}" if cell.get("moved_to") else None,
+                    ],
+                )
+            )
+            or "-",
+            str(cell.get("outcome") or "running"),
+            seconds(cell.get("duration_s")),
+        )
+        for cell in cells
+    )
+    header = ("cell", "host", "GPUs", "devices", "start delay", "why", "outcome", "took")
+    return Section("last cells", "", header, rows)
+
+
+def hosts_view(hosts: Sequence[dict[str, Any]]) -> View:
+    """``%fleet hosts``: each host's state and GPUs (committed now / subscribed / total)."""
+    rows = tuple(
+        (
+            str(h.get("id", "")),
+            str(h.get("state", "")),
+            str(h.get("gpus", {}).get("committed", "-")),
+            str(h.get("gpus", {}).get("subscribed", "-")),
+            str(h.get("gpus", {}).get("total", "-")),
+            devices_text(h.get("gpus", {}).get("vanished") or []),
+        )
+        for h in hosts
+    )
+    header = ("host", "state", "GPUs committed", "subscribed", "total", "vanished")
+    return View(Section(f"{len(hosts)} host(s)", "", header, rows))
+
+
+def policy_view(fleet: dict[str, Any]) -> View:
+    """``%fleet policy``: the gateway's scheduling policy, replicas per kernel, the fleet's
+    GPUs, and the autoscaler's limits and last decision."""
+    gpus = fleet.get("gpus", {})
+    hosts = fleet.get("hosts", {})
+    rows = [
+        ("policy", str(fleet.get("policy", "-"))),
+        ("replicas per kernel", str(fleet.get("replicas", "-"))),
+        ("hosts", f"{hosts.get('alive', 0)} alive, {hosts.get('lost', 0)} lost"),
+        (
+            "GPUs",
+            f"{gpus.get('committed', 0)} committed, {gpus.get('subscribed', 0)} subscribed, "
+            f"{gpus.get('total', 0)} in all",
+        ),
+        ("kernels", str(fleet.get("kernels", "-"))),
+    ]
+    scaling = fleet.get("autoscaling")
+    if scaling is None:
+        rows.append(("autoscaling", "off"))
+    else:
+        rows.append(
+            ("autoscaling", f"{scaling.get('min_hosts')} to {scaling.get('max_hosts')} hosts")
+        )
+        last = scaling.get("last_round")
+        rows.append(("last decision", str(last.get("decision")) if last else "none yet"))
+    note = f"kernelfleet {fleet.get('version', '?')}"
+    return View(Section("the fleet's scheduling", note, (), tuple(rows)))
+
+
+def events_view(events: Sequence[dict[str, Any]]) -> View:
+    """``%fleet events``: the events, oldest first, each with its type-specific data."""
+    rows = tuple(
+        (
+            str(event.get("seq", "")),
+            _clock(event.get("time")),
+            str(event.get("type", "")),
+            str(event.get("host_id") or "-"),
+            _event_details(event.get("data") or {}),
+        )
+        for event in events
+    )
+    header = ("#", "time", "event", "host", "details")
+    return View(Section(f"last {len(events)} event(s)", "", header, rows))
+
+
+def _clock(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "-"
+    return time.strftime("%H:%M:%S", time.localtime(value)) + f".{int(value % 1 * 10)}"
+
+
+def _event_details(data: dict[str, Any]) -> str:
+    if isinstance(data.get("waited"), str):
+        return data["waited"]
+    return ", ".join(f"{key}={_short(value)}" for key, value in data.items())
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def tools_view(tools: Sequence[Any]) -> View:
+    """``%fleet tools``: every entry point of the magics and panel-section groups."""
+    rows = tuple(
+        (t.group.rsplit(".", 1)[-1], t.name, t.provider, t.value, t.status or "-") for t in tools
+    )
+    header = ("kind", "name", "provided by", "entry point", "status")
+    return View(Section(f"{len(tools)} tool entry point(s)", "", header, rows))
