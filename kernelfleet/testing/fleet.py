@@ -4,13 +4,19 @@ The processes start and stop through `kernelfleet.gateway.processes`, as ``kerne
 the autoscaler start them. Readiness comes from the processes' APIs, never from their logs: the
 gateway answers its HTTP API on the port it was given; a host agent is up once the gateway lists
 it alive. Each process logs to ``<state_dir>/<label>.log`` (appended across restarts).
+
+Host agents started by root run their kernels as users of their own (docs/security.md), which
+must reach the fleet's folders: `reachable_by_kernels` lets them traverse the fleet's folder
+and pytest's private folders above it (traverse only: they list nothing).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -190,6 +196,23 @@ class Fleet:
         kill_all(started_by_gateway)
 
 
+def reachable_by_kernels(folder: Path) -> Path:
+    """Let other users traverse `folder` and the folders above it up to the system's temporary
+    folder (pytest makes its own 0700), so that kernels running as users of their own reach
+    their replica folders in it; returns `folder`. Folders elsewhere are left as they are."""
+    top = Path(tempfile.gettempdir()).resolve()
+    folder = folder.resolve()
+    if not folder.is_relative_to(top):
+        return folder
+    for path in [folder, *folder.parents]:
+        if path == top:
+            break
+        mode = path.stat().st_mode
+        if path.stat().st_uid == os.geteuid() and not mode & stat.S_IXOTH:
+            path.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+    return folder
+
+
 def start_fleet(
     state_dir: Path,
     hosts: int = 3,
@@ -202,6 +225,7 @@ def start_fleet(
     """A gateway and `hosts` agents (``host-1``...) of `gpus` virtual GPUs each; kernels get
     `replicas` replicas (None: the gateway's default); `gateway_args` go to the gateway."""
     state_dir.mkdir(parents=True, exist_ok=True)
+    reachable_by_kernels(state_dir)
     fleet = Fleet(state_dir=state_dir, token=token, env=env or {})
     try:
         replica_args = () if replicas is None else ("--replicas", str(replicas))
