@@ -27,7 +27,7 @@ import kernelfleet
 from kernelfleet.kernels.agent.kernel_process import KernelUser, choose_isolation
 from kernelfleet.privileges import kernel_uid
 from kernelfleet.runtime_file import AgentRuntime, read_runtime
-from kernelfleet.testing import Fleet, call_json
+from kernelfleet.testing import Fleet, call_json, wait_for
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -126,6 +126,10 @@ async def test_no_fleet_token_reaches_a_kernel(private_fleet: Callable[..., Flee
     report = json.loads(reply.stdout)
 
     assert report["found"] == [], f"the fleet token is readable in {report['found']}"
+    written = [
+        p for p in fleet.state_dir.rglob("*") if p.is_file() and token in p.read_text("latin-1")
+    ]
+    assert written == [], "no kernelfleet process writes the token to a file, readable or not"
     assert not report["has_fleet_token"]
     assert report["read"]["cmdline"] > 0, report["read"]
     assert report["read"]["files"] > 0, report["read"]
@@ -205,3 +209,34 @@ def test_an_unreachable_folder_keeps_kernels_as_the_agents_user(tmp_path: Path) 
     same = choose_isolation(KernelUser.SAME, private / "replicas")
     assert not same.per_kernel
     assert not same.warning
+
+
+def test_kernel_user_same_runs_kernels_as_the_agents_user(tmp_path: Path) -> None:
+    """The README's ``kernelfleet host ... --kernel-user same``: the host model says so."""
+    state_dir = tmp_path / "host"
+    env = {
+        **os.environ,
+        "KERNELFLEET_TOKEN": "readme-token-0123456789",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "kernelfleet", "host", "--state-dir", str(state_dir),
+         "--port", "0", "--gpus", "0", "--kernel-user", "same"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        runtime = wait_for(
+            lambda: read_runtime(state_dir, AgentRuntime, agent.pid), 30, "the agent to listen"
+        )
+        status, host = call_json(runtime.address + "/api/host", token=env["KERNELFLEET_TOKEN"])
+    finally:
+        agent.terminate()
+        _, log = agent.communicate(timeout=30)
+    assert status == 200
+    assert host["isolation"] == {
+        "kernel_user": "agent",
+        "why": "--kernel-user=same: kernels run as the agent's user",
+    }
+    warnings = [line for line in log.splitlines() if line.startswith(b"[W")]
+    assert not [line for line in warnings if b"kernels run as" in line], log
+    assert b"kernel isolation: --kernel-user=same" in log
