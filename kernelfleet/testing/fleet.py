@@ -6,15 +6,15 @@ gateway answers its HTTP API on the port it was given; a host agent is up once t
 it alive. Each process logs to ``<state_dir>/<label>.log`` (appended across restarts).
 
 Host agents started by root run their kernels as users of their own (docs/security.md), which
-must reach the fleet's folders: `reachable_by_kernels` lets them traverse the fleet's folder
-and pytest's private folders above it (traverse only: they list nothing).
+must reach the fleet's folder: `kernel_reachable_folder` makes one that they can traverse (and
+not list). A fleet in a folder they cannot reach (pytest's own are 0700) runs its kernels as the
+agents' user, with a warning in the hosts' logs.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import stat
 import subprocess
 import tempfile
 import urllib.error
@@ -196,20 +196,13 @@ class Fleet:
         kill_all(started_by_gateway)
 
 
-def reachable_by_kernels(folder: Path) -> Path:
-    """Let other users traverse `folder` and the folders above it up to the system's temporary
-    folder (pytest makes its own 0700), so that kernels running as users of their own reach
-    their replica folders in it; returns `folder`. Folders elsewhere are left as they are."""
-    top = Path(tempfile.gettempdir()).resolve()
-    folder = folder.resolve()
-    if not folder.is_relative_to(top):
-        return folder
-    for path in [folder, *folder.parents]:
-        if path == top:
-            break
-        mode = path.stat().st_mode
-        if path.stat().st_uid == os.geteuid() and not mode & stat.S_IXOTH:
-            path.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+def kernel_reachable_folder() -> Path:
+    """A new folder in the system's temporary folder that users of other kernels may traverse
+    (mode 0711), for a fleet whose kernels run as users of their own. Not under pytest's base
+    folder: pytest keeps that 0700, and another pytest session resets it while this one runs.
+    The caller removes it."""
+    folder = Path(tempfile.mkdtemp(prefix="kernelfleet-fleet-"))
+    folder.chmod(0o711)
     return folder
 
 
@@ -225,7 +218,6 @@ def start_fleet(
     """A gateway and `hosts` agents (``host-1``...) of `gpus` virtual GPUs each; kernels get
     `replicas` replicas (None: the gateway's default); `gateway_args` go to the gateway."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    reachable_by_kernels(state_dir)
     fleet = Fleet(state_dir=state_dir, token=token, env=env or {})
     try:
         replica_args = () if replicas is None else ("--replicas", str(replicas))
