@@ -432,9 +432,10 @@ class HostAgentApp(Application):
         self.isolation = choose_isolation(KernelUser(self.kernel_user), replicas_dir)
         if self.isolation.warning:
             self.log.warning("%s", self.isolation.warning)
+        else:
+            self.log.info("kernel isolation: %s", self.isolation.why)
         if self.isolation.per_kernel:
             replicas_dir.chmod(0o711)  # kernels enter their own folder; nobody lists them
-        self.log.info("kernel isolation: %s", self.isolation.why)
         self.kernel_spec_manager = KernelSpecManager(parent=self)
         # The replicated kernel's spec ships with the package, beside the installed ones.
         self.kernel_spec_manager.kernel_dirs.append(str(PACKAGED_KERNELSPECS))

@@ -87,7 +87,7 @@ def choose_isolation(requested: KernelUser, replicas_dir: Path) -> Isolation:
     if problems:
         why = "a kernel's own user could not start its replicas: " + "; ".join(problems)
         advice = (
-            "kernels run as root instead, where a notebook can read every file of the "
+            f"Kernels run as {user} instead, where a notebook can read every file of the "
             "machine. Let other users traverse those folders (chmod o+x, which lists nothing) "
             "or install Python and kernelfleet where every user can read them, and give the "
             "agent a --state-dir that others can traverse; or pass --kernel-user=same to run "
