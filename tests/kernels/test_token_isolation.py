@@ -25,6 +25,13 @@ import pytest
 
 import kernelfleet
 from kernelfleet.kernels.agent.kernel_process import KernelUser, choose_isolation
+from kernelfleet.kernels.objectstore import (
+    SHARED_ROOT_MODE,
+    LocalDirectoryStore,
+    ObjectStoreError,
+    prepare_shared_root,
+)
+from kernelfleet.kernels.replica.kernel import drop_secrets
 from kernelfleet.privileges import kernel_uid
 from kernelfleet.runtime_file import AgentRuntime, read_runtime
 from kernelfleet.testing import Fleet, call_json, wait_for
@@ -240,3 +247,26 @@ def test_kernel_user_same_runs_kernels_as_the_agents_user(tmp_path: Path) -> Non
     warnings = [line for line in log.splitlines() if line.startswith(b"[W")]
     assert not [line for line in warnings if b"kernels run as" in line], log
     assert b"kernel isolation: --kernel-user=same" in log
+
+
+def test_each_kernel_keeps_its_objects_in_a_private_folder(tmp_path: Path) -> None:
+    root = prepare_shared_root(tmp_path / "objects")
+    assert root.stat().st_mode & 0o7777 == SHARED_ROOT_MODE
+    store = LocalDirectoryStore.for_kernel(root, "k1")
+    key = store.put(b"value")
+    assert store.root == root / "kernel-k1"
+    assert store.root.stat().st_mode & 0o777 == 0o700
+    assert LocalDirectoryStore.for_kernel(root, "k1").get(key) == b"value"
+    planted = root / "kernel-k2"
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)  # as another kernel's user would leave it, to plant objects
+    with pytest.raises(ObjectStoreError, match="not this kernel's own private folder"):
+        LocalDirectoryStore.for_kernel(root, "k2")
+    odd = LocalDirectoryStore.for_kernel(root, "../escape")
+    assert odd.root.parent == root
+
+
+def test_a_replica_drops_the_fleet_token_from_its_environment() -> None:
+    environ = {"KERNELFLEET_TOKEN": "t", "KERNELFLEET_KERNEL_ID": "k1", "PATH": "/bin"}
+    assert drop_secrets(environ) == ["KERNELFLEET_TOKEN"]
+    assert environ == {"KERNELFLEET_KERNEL_ID": "k1", "PATH": "/bin"}
