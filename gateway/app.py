@@ -1,4 +1,8 @@
-"""GatewayApp: the Jupyter gateway API and the fleet admin API, in one tornado process."""
+"""GatewayApp: the Jupyter gateway API and the fleet admin API, in one tornado process.
+
+The gateway holds the fleet token: it marks itself non-dumpable (`kernelfleet.privileges`), so
+no kernel of its user can read the token from its ``/proc/<pid>/environ`` or its memory.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ from kernelfleet.gateway.kernel_tokens import KernelTokens
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
 from kernelfleet.gateway.records import ReplicationSettings
 from kernelfleet.gateway.store import KernelStore
+from kernelfleet.kernels.objectstore import prepare_shared_root
+from kernelfleet.privileges import mark_non_dumpable
 from kernelfleet.runtime_file import GatewayRuntime, remove_runtime, write_runtime
 from kernelfleet.scheduler import AutoscaleConfig, StateSync, load_policy
 from kernelfleet.scheduler.policies import cluster_subscription_ratio
@@ -218,6 +224,7 @@ class GatewayApp(Application):
 
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)
+        mark_non_dumpable()
         self.init_logging()
         self.init_state_dir()
         self.init_services()
@@ -229,7 +236,23 @@ class GatewayApp(Application):
         logging.getLogger("kernelfleet").setLevel(level)
 
     def init_state_dir(self) -> None:
-        Path(self.state_dir).mkdir(parents=True, exist_ok=True)
+        """The state folder (0711: kernels reach the object store and autoscaled hosts' folders
+        in it, but list nothing; kernels.json is 0600) and the object store root, where each
+        kernel's user creates a private folder of its own."""
+        state = Path(self.state_dir)
+        created = not state.exists()
+        state.mkdir(parents=True, exist_ok=True)
+        if created:
+            state.chmod(0o711)
+        try:
+            prepare_shared_root(self.object_store_root)
+        except OSError as e:
+            log.warning(
+                "cannot prepare the object store root %s (%s): kernels of their own users may "
+                "fail to store large values",
+                self.object_store_root,
+                e,
+            )
 
     def init_services(self) -> None:
         try:

@@ -5,7 +5,8 @@ Each runs as ``python -m kernelfleet ...`` in its own session (so a signal to it
 group reaches its kernels too), with stdout and stderr appended to a log file. The token
 travels in the environment, never on a command line, where ``ps`` would show it. A process
 says that it listens, and where, in its runtime file (`kernelfleet.runtime_file`); nothing
-here reads a log to learn that.
+here reads a log to learn that. Logs are created 0600: a host agent's log quotes its kernels'
+output, which the kernels of other users must not read.
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ def spawn_kernelfleet(
     to this process's environment. `launcher` is a command that runs it, as ``ip netns exec
     NAME`` does in a network namespace (the process's pid is then the launcher's)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.fchmod(fd, 0o600)
     environment = {
         **os.environ,
         **(env or {}),
         "KERNELFLEET_TOKEN": token,
         "PYTHONUNBUFFERED": "1",
     }
-    with log_path.open("ab") as log_file:
+    with open(fd, "ab") as log_file:
         return subprocess.Popen(
             [*launcher, sys.executable, "-m", "kernelfleet", *args],
             stdin=subprocess.DEVNULL,

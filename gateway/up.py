@@ -1,8 +1,10 @@
 """``kernelfleet up``: a gateway and N host agents on this machine, in the foreground.
 
 Each process runs in its own session with its log in ``<state-dir>/logs/``. The token travels in
-the environment, never on a command line (where ``ps`` would show it). SIGINT or SIGTERM stops
-the gateway, then the hosts (which stop their kernels), then kills whatever is left.
+the environment, never on a command line (where ``ps`` would show it), and the command marks
+itself non-dumpable, as the gateway and the hosts do, so that no kernel of the same user reads
+it from ``/proc``. SIGINT or SIGTERM stops the gateway, then the hosts (which stop their
+kernels), then kills whatever is left.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from kernelfleet.gateway.processes import (
     spawn_kernelfleet,
     terminate,
 )
+from kernelfleet.privileges import mark_non_dumpable
 from kernelfleet.web import new_token
 
 
@@ -93,6 +96,7 @@ class UpApp(Application):
         return proposal["value"]
 
     def start(self) -> None:
+        mark_non_dumpable()
         stopping = []
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stopping.append(True))
@@ -100,6 +104,7 @@ class UpApp(Application):
         self.logs = Path(self.state_dir, "logs")
         self.labels: dict[subprocess.Popen, str] = {}
         self.logs.mkdir(parents=True, exist_ok=True)
+        self.logs.chmod(0o700)  # the hosts' logs quote their kernels' output
         self.gateway = self._spawn(
             "gateway",
             [

@@ -18,6 +18,11 @@ Contract for every backend:
 - ``delete`` is idempotent. Deciding what is garbage is the caller's job (the log owner knows
   which keys its snapshot still references).
 
+Kernels of different users share one `LocalDirectoryStore` root: `prepare_shared_root` makes it
+mode 1733 (any user may create a folder there, nobody may list it or remove another's folder),
+and `LocalDirectoryStore.for_kernel` keeps each kernel's objects in a folder of its own, mode
+0700, which its replicas (one user per kernel, on every host) create on first use.
+
 Backends are plug-ins: entry-point group ``kernelfleet.object_stores``, selected by short name
 with `load_object_store`. Built in: ``local`` (`LocalDirectoryStore`, a directory every host
 can reach) and ``memory`` (`MemoryStore`, one process only: tests and single-host use).
@@ -31,6 +36,7 @@ import io
 import logging
 import os
 import re
+import stat
 import tempfile
 import threading
 import time
@@ -49,6 +55,8 @@ ENTRY_POINT_GROUP = "kernelfleet.object_stores"
 HASH_NAME = "sha256"
 CHUNK_BYTES = 8 * 1024 * 1024  # hashing/writing granularity: bounded, cache-friendly
 _KEY_RE = re.compile(r"[0-9a-f]{64}")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SHARED_ROOT_MODE = 0o1733
 
 Chunk = bytes | bytearray | memoryview
 
@@ -184,6 +192,39 @@ class LocalDirectoryStore(ObjectStore):
     def __repr__(self) -> str:
         return f"LocalDirectoryStore({str(self.root)!r})"
 
+    @classmethod
+    def for_kernel(
+        cls, root: str | os.PathLike[str], kernel_id: str, *, fsync: bool = True
+    ) -> LocalDirectoryStore:
+        """The store of kernel `kernel_id` under a shared `root`: ``root/kernel-<id>``, made
+        0700 by the first replica that uses it.
+
+        Raises `ObjectStoreError` when the folder cannot be created (the root does not let
+        this user create one: see `prepare_shared_root`) or is not this user's own and private
+        (another user made it first: its objects could not be trusted)."""
+        base = Path(root)
+        name = kernel_id if _SAFE_NAME.fullmatch(kernel_id) else key_of([kernel_id.encode()])
+        folder = base / f"kernel-{name}"
+        try:
+            if not base.exists():
+                base.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700, exist_ok=True)
+            found = os.lstat(folder)
+        except OSError as e:
+            raise ObjectStoreError(
+                f"cannot create {folder} ({e.strerror}): the object store's root must let every "
+                f"kernel's user create its folder there (mode {SHARED_ROOT_MODE:o}; the gateway "
+                "sets it on its --object-store-root)"
+            ) from e
+        uid = os.geteuid()
+        if not stat.S_ISDIR(found.st_mode) or found.st_uid != uid or found.st_mode & 0o077:
+            raise ObjectStoreError(
+                f"{folder} is not this kernel's own private folder (owner uid {found.st_uid}, "
+                f"mode {stat.S_IMODE(found.st_mode):04o}; expected uid {uid}, mode 0700): "
+                "refusing objects that another user could have written"
+            )
+        return cls(folder, fsync=fsync)
+
     def path(self, key: str) -> Path:
         """Where the object with `key` lives (whether or not it exists)."""
         check_key(key)
@@ -291,6 +332,16 @@ _BUILTIN_STORES: dict[str, type[ObjectStore]] = {
     LocalDirectoryStore.name: LocalDirectoryStore,
     MemoryStore.name: MemoryStore,
 }
+
+
+def prepare_shared_root(root: str | os.PathLike[str]) -> Path:
+    """Create `root` for kernels of many users (mode 1733: each may create its kernel's folder
+    there with `LocalDirectoryStore.for_kernel`; nobody may list the folders or remove another
+    user's); returns it. Called by the gateway for its object store root."""
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(SHARED_ROOT_MODE)
+    return path
 
 
 def available_object_stores() -> list[str]:

@@ -25,6 +25,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "kernelfleet.protocol": ("kernelfleet.errors",),  # gpus_magic raises InvalidRequest
     "kernelfleet.states": (),
     "kernelfleet.runtime_file": (),
+    "kernelfleet.privileges": (),
     "kernelfleet.raft": SHARED,
     "kernelfleet.scheduler": SHARED,
     # the processes
@@ -32,12 +33,18 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         *SHARED,
         "kernelfleet.web",
         "kernelfleet.runtime_file",
+        "kernelfleet.privileges",
         "kernelfleet.scheduler",
         "kernelfleet.raft",
         "kernelfleet.kernels.agent.client",
         "kernelfleet.kernels.objectstore",
     ),
-    "kernelfleet.kernels.agent": (*SHARED, "kernelfleet.web", "kernelfleet.runtime_file"),
+    "kernelfleet.kernels.agent": (
+        *SHARED,
+        "kernelfleet.web",
+        "kernelfleet.runtime_file",
+        "kernelfleet.privileges",
+    ),
     "kernelfleet.kernels.replica": (*SHARED, "kernelfleet.raft", "kernelfleet.kernels.objectstore"),
     "kernelfleet.kernels.objectstore": SHARED,
     "kernelfleet.kernels.magics": (*SHARED, "kernelfleet.client"),

@@ -11,6 +11,7 @@ Enable with ``pytest_plugins = ["kernelfleet.testing"]``. Fixtures are factories
 The helpers, importable from here:
 
 - `Fleet`, `start_fleet`, `TOKEN` (`kernelfleet.testing.fleet`): a fleet's processes and API;
+  `kernel_reachable_folder`: a folder for a fleet whose kernels run as users of their own;
 - `KernelWebsocket`, `Reply` (`.websocket`): a kernel client over the gateway's websocket;
 - `call_json` (`.http`): one call to a token-protected JSON API;
 - `wait_for`, `wait_until` (`.deadlines`): poll a condition until a deadline, sync or async;
@@ -24,14 +25,16 @@ in `kernelfleet.testing.replicas`, imported by the tests that need them.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kernelfleet.runtime_file import pid_alive
 from kernelfleet.testing.deadlines import wait_for, wait_until
-from kernelfleet.testing.fleet import TOKEN, Fleet, start_fleet
+from kernelfleet.testing.fleet import TOKEN, Fleet, kernel_reachable_folder, start_fleet
 from kernelfleet.testing.http import call_json
 from kernelfleet.testing.processes import descendants, exited_pid, free_port, kill_all
 from kernelfleet.testing.stats import percentile
@@ -49,6 +52,7 @@ __all__ = [
     "fleet",
     "fleet_factory",
     "free_port",
+    "kernel_reachable_folder",
     "kill_all",
     "percentile",
     "pid_alive",
@@ -59,12 +63,16 @@ __all__ = [
 ]
 
 
-def _fleets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Fleet]]:
-    """A `start_fleet` factory, each fleet in a fresh folder; stops them all when resumed."""
+def _fleets() -> Iterator[Callable[..., Fleet]]:
+    """A `start_fleet` factory, each fleet in a fresh folder that kernels running as users of
+    their own can reach (`kernel_reachable_folder`); stops them all and removes their folders
+    when resumed."""
     fleets: list[Fleet] = []
+    folders: list[Path] = []
 
     def factory(**kwargs: Any) -> Fleet:
-        fleet = start_fleet(tmp_path_factory.mktemp("fleet"), **kwargs)
+        folders.append(kernel_reachable_folder())
+        fleet = start_fleet(folders[-1], **kwargs)
         fleets.append(fleet)
         return fleet
 
@@ -73,13 +81,15 @@ def _fleets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., 
     finally:
         for fleet in fleets:
             fleet.stop()
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def fleet_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Fleet]]:
+def fleet_factory() -> Iterator[Callable[..., Fleet]]:
     """``fleet_factory(hosts=3, gpus=2, ...)`` starts a fleet (`start_fleet`'s arguments),
     stopped at the session's end."""
-    yield from _fleets(tmp_path_factory)
+    yield from _fleets()
 
 
 @pytest.fixture(scope="session")
@@ -89,7 +99,7 @@ def fleet(fleet_factory: Callable[..., Fleet]) -> Fleet:
 
 
 @pytest.fixture
-def private_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Fleet]]:
+def private_fleet() -> Iterator[Callable[..., Fleet]]:
     """``private_fleet(hosts=..., gpus=..., gateway_args=(...))`` starts a fleet of the test's
     own (`start_fleet`'s arguments), stopped when the test ends."""
-    yield from _fleets(tmp_path_factory)
+    yield from _fleets()

@@ -4,6 +4,11 @@ The processes start and stop through `kernelfleet.gateway.processes`, as ``kerne
 the autoscaler start them. Readiness comes from the processes' APIs, never from their logs: the
 gateway answers its HTTP API on the port it was given; a host agent is up once the gateway lists
 it alive. Each process logs to ``<state_dir>/<label>.log`` (appended across restarts).
+
+Host agents started by root run their kernels as users of their own (docs/security.md), which
+must reach the fleet's folder: `kernel_reachable_folder` makes one that they can traverse (and
+not list). A fleet in a folder they cannot reach (pytest's own are 0700) runs its kernels as the
+agents' user, with a warning in the hosts' logs.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -188,6 +194,16 @@ class Fleet:
         for process in processes:
             kill_group(process)
         kill_all(started_by_gateway)
+
+
+def kernel_reachable_folder() -> Path:
+    """A new folder in the system's temporary folder that users of other kernels may traverse
+    (mode 0711), for a fleet whose kernels run as users of their own. Not under pytest's base
+    folder: pytest keeps that 0700, and another pytest session resets it while this one runs.
+    The caller removes it."""
+    folder = Path(tempfile.mkdtemp(prefix="kernelfleet-fleet-"))
+    folder.chmod(0o711)
+    return folder
 
 
 def start_fleet(

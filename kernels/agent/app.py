@@ -14,6 +14,10 @@ Once it listens, the agent writes its runtime file, ``<state_dir>/runtime.json``
 - ``port``: the port its API listens on (the one picked when ``--port`` is 0);
 - ``pid``: its process id.
 
+The agent holds the fleet token, so it marks itself non-dumpable (`kernelfleet.privileges`): no
+process of its user can read its ``/proc/<pid>/environ`` or its memory. Run as root, it launches
+each kernel's replicas as a user of that kernel's own (``--kernel-user``; see docs/security.md).
+
 The file appears whole (written aside, then renamed into place) and is removed as the agent
 starts a clean exit. An agent that was killed leaves its file behind: a reader must take a file
 whose pid no longer runs for stale, never for a live agent. `kernelfleet.runtime_file` writes
@@ -57,7 +61,9 @@ from kernelfleet.kernels.agent.gpus import (
 )
 from kernelfleet.kernels.agent.handlers import handlers
 from kernelfleet.kernels.agent.heartbeat import GatewayHeartbeat
+from kernelfleet.kernels.agent.kernel_process import KernelUser, choose_isolation
 from kernelfleet.kernels.agent.replicas import ID_PATTERN, ReplicaTable
+from kernelfleet.privileges import mark_non_dumpable
 from kernelfleet.runtime_file import AgentRuntime, remove_runtime, write_runtime
 
 PACKAGED_KERNELSPECS = Path(__file__).resolve().parent / "kernelspecs"
@@ -125,6 +131,7 @@ class HostAgentApp(Application):
         "root-dir": "HostAgentApp.root_dir",
         "heartbeat-interval": "HostAgentApp.heartbeat_interval",
         "launch-timeout": "HostAgentApp.launch_timeout",
+        "kernel-user": "HostAgentApp.kernel_user",
     }
 
     log_level = Enum(
@@ -216,6 +223,15 @@ class HostAgentApp(Application):
         "Default: $KERNELFLEET_LAUNCH_TIMEOUT, else 40.",
     ).tag(config=True)
 
+    kernel_user = CaselessStrEnum(
+        [choice.value for choice in KernelUser],
+        help="Which OS user kernel replicas run as. 'auto': a user of each kernel's own (a uid "
+        "derived from the kernel id, so no notebook reads another's files or the agent's "
+        "environment) when the agent runs as root and that user can reach the interpreter, "
+        "kernelfleet and the state dir; else the agent's user, with a warning saying why. "
+        "'same': the agent's user. Default: $KERNELFLEET_KERNEL_USER, else auto.",
+    ).tag(config=True)
+
     replica_stop_timeout = Float(
         3.0,
         help="Seconds a replica gets to shut down cleanly (shutdown request, then SIGTERM) before "
@@ -282,6 +298,10 @@ class HostAgentApp(Application):
     @default("raft_ip")
     def _raft_ip_default(self) -> str:
         return _env("KERNELFLEET_RAFT_IP") or self.kernel_ip
+
+    @default("kernel_user")
+    def _kernel_user_default(self) -> str:
+        return (_env("KERNELFLEET_KERNEL_USER") or KernelUser.AUTO.value).lower()
 
     @default("root_dir")
     def _root_dir_default(self) -> str:
@@ -363,6 +383,7 @@ class HostAgentApp(Application):
     @catch_config_error
     def initialize(self, argv: Any = None) -> None:
         super().initialize(argv)
+        self.init_privileges()
         self.init_token()
         self.init_state_dir()
         self.init_host_id()
@@ -370,6 +391,12 @@ class HostAgentApp(Application):
         self.init_replicas()
         self.init_webapp()
         self.init_heartbeat()
+
+    def init_privileges(self) -> None:
+        """Keep processes of this user (same-user kernels) out of the agent's environment and
+        memory, where the fleet token is."""
+        if not mark_non_dumpable():
+            self.log.info("could not mark the agent non-dumpable (not Linux?)")
 
     def init_token(self) -> None:
         if not self.token:
@@ -401,6 +428,14 @@ class HostAgentApp(Application):
             raise TraitError(str(e)) from e
 
     def init_replicas(self) -> None:
+        replicas_dir = self.state_path / "replicas"
+        self.isolation = choose_isolation(KernelUser(self.kernel_user), replicas_dir)
+        if self.isolation.warning:
+            self.log.warning("%s", self.isolation.warning)
+        else:
+            self.log.info("kernel isolation: %s", self.isolation.why)
+        if self.isolation.per_kernel:
+            replicas_dir.chmod(0o711)  # kernels enter their own folder; nobody lists them
         self.kernel_spec_manager = KernelSpecManager(parent=self)
         # The replicated kernel's spec ships with the package, beside the installed ones.
         self.kernel_spec_manager.kernel_dirs.append(str(PACKAGED_KERNELSPECS))
@@ -415,6 +450,7 @@ class HostAgentApp(Application):
             poll_interval=self.replica_poll_interval,
             on_change=self._on_replicas_changed,
             config_parent=self,
+            isolation=self.isolation,
         )
 
     def init_webapp(self) -> None:
@@ -456,6 +492,7 @@ class HostAgentApp(Application):
             "address": self.address,
             "gpus": [gpu.to_dict() for gpu in self.inventory.devices()],
             "replicas": self.replicas.models(),
+            "isolation": self.isolation.model(),
         }
 
     def _on_replicas_changed(self) -> None:

@@ -1,20 +1,222 @@
-"""Waiting on one kernel process that a host agent launched: until it answers, or exits.
+"""One kernel process that a host agent launches: as which user, in which folders, and
+waiting on it until it answers, or exits.
 
-A replica's kernel is ready once it answers ``kernel_info``; it failed to start if its process
-exits first, if its log says a port was taken (ipykernel then hangs rather than exit), or if
-neither happens in time. `wait_ready` raises `StartError` saying which.
+**As which user.** `choose_isolation` decides once, at agent start, whether replicas run as a
+user of their own kernel (`Isolation.per_kernel`: the agent runs as root, and such a user can
+run the interpreter and reach kernelfleet's files and the agent's replica folders) or as the
+agent's own user. `ReplicaFolders` lays out a replica's folder for its user, and
+`ReplicaKernelManager` hands it the connection file.
+
+**Waiting.** A replica's kernel is ready once it answers ``kernel_info``; it failed to start if
+its process exits first, if its log says a port was taken (ipykernel then hangs rather than
+exit), or if neither happens in time. `wait_ready` raises `StartError` saying which.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
+import importlib.util
+import os
+import pwd
 import queue
+import shutil
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager
 
+from kernelfleet.privileges import kernel_uid, unreachable
+
 PORT_TAKEN = "Address already in use"
+KERNEL_UMASK = 0o077
+"""Files a per-kernel user creates are its own: the replicas of other kernels read none."""
+
+
+class KernelUser(enum.Enum):
+    """The host agent's ``--kernel-user`` choice."""
+
+    AUTO = "auto"
+    """A user of its own per kernel where the agent can (root, and every file reachable)."""
+    SAME = "same"
+    """The agent's own user, always."""
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """Which user the agent's replicas run as, and why; fixed for the agent's life."""
+
+    per_kernel: bool
+    why: str
+    warning: str = ""
+    """What is wrong and what to do, when `KernelUser.AUTO` could not isolate kernels."""
+
+    def owner(self, kernel_id: str) -> tuple[int, int] | None:
+        """The (uid, gid) the replicas of `kernel_id` run as; None: the agent's own."""
+        if not self.per_kernel:
+            return None
+        uid = kernel_uid(kernel_id)
+        return uid, uid
+
+    def model(self) -> dict[str, Any]:
+        """The ``isolation`` member of the host model (``GET /api/host``, heartbeats)."""
+        return {"kernel_user": "per-kernel" if self.per_kernel else "agent", "why": self.why}
+
+
+def choose_isolation(requested: KernelUser, replicas_dir: Path) -> Isolation:
+    """Decide, once at agent start, whether replicas run as users of their own kernels.
+
+    `KernelUser.AUTO` isolates them when the agent runs as root on Linux and a user with no
+    rights of its own can run the interpreter, read kernelfleet's and ipykernel's files and
+    traverse to `replicas_dir`; otherwise the result carries a `warning` naming what is in the
+    way and what to do, and replicas run as the agent's user."""
+    if requested is KernelUser.SAME:
+        return Isolation(False, "--kernel-user=same: kernels run as the agent's user")
+    user = _user_name(os.geteuid()) if hasattr(os, "geteuid") else "this user"
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        why = f"the agent runs as {user}, not root, so kernels run as {user} too"
+        advice = (
+            "a notebook can then read this user's files; run the agent as root to give each "
+            "kernel a user of its own, or pass --kernel-user=same to say that this is meant"
+        )
+        return Isolation(False, why, f"{why}: {advice}")
+    problems = unreachable(_launch_paths(replicas_dir))
+    if problems:
+        why = "a kernel's own user could not start its replicas: " + "; ".join(problems)
+        advice = (
+            f"Kernels run as {user} instead, where a notebook can read every file of the "
+            "machine. Let other users traverse those folders (chmod o+x, which lists nothing) "
+            "or install Python and kernelfleet where every user can read them, and give the "
+            "agent a --state-dir that others can traverse; or pass --kernel-user=same to run "
+            "kernels as root knowingly"
+        )
+        return Isolation(False, why, f"{why}. {advice}")
+    return Isolation(True, "each kernel runs as a user of its own (a uid derived from its id)")
+
+
+def _launch_paths(replicas_dir: Path) -> list[tuple[str | Path, str]]:
+    """What a replica's process must reach: the interpreter, the standard library, ipykernel,
+    kernelfleet (the replica kernel's package and its linked folders) and its own folder."""
+    paths: list[tuple[str | Path, str]] = [
+        (sys.executable, "x"),
+        (Path(os.__file__).parent, "r"),
+        (Path(__file__).resolve().parent.parent / "replica", "r"),
+        (Path(__file__).resolve().parent.parent.parent, "r"),
+        (replicas_dir, "x"),
+    ]
+    ipykernel = importlib.util.find_spec("ipykernel")
+    if ipykernel is not None and ipykernel.origin:
+        paths.append((Path(ipykernel.origin).parent, "r"))
+    return paths
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def account_of(uid: int) -> str | None:
+    """The name of the system account with `uid`, if there is one."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
+@dataclass(frozen=True)
+class ReplicaFolders:
+    """A replica's folder, ``<state_dir>/replicas/<replica id>``, laid out for its user.
+
+    The folder itself stays the agent's (mode 0711: its user may enter, nobody may list it),
+    with ``kernel.log`` (the agent's, 0600; the kernel writes it through the descriptor it
+    inherits) and ``connection.json`` (given to the kernel's user). ``home/`` (HOME, TMPDIR,
+    IPYTHONDIR, the XDG folders) and ``raft/`` (the Raft journal) belong to the kernel's user,
+    mode 0700. The agent never follows a path inside them: a replica could have put links there.
+    """
+
+    directory: Path
+    owner: tuple[int, int] | None
+
+    @property
+    def home(self) -> Path:
+        return self.directory / "home"
+
+    def prepare(self) -> dict[str, str]:
+        """Create the folders (for `owner`, if any); return the environment that points the
+        kernel's per-user files into ``home/`` (nothing when the kernel runs as the agent)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.owner is None:
+            return {}
+        self.directory.chmod(0o711)
+        home = self.home
+        env = {
+            "HOME": str(home),
+            "TMPDIR": str(home / "tmp"),
+            "IPYTHONDIR": str(home / ".ipython"),
+            "MPLCONFIGDIR": str(home / ".config" / "matplotlib"),
+            "XDG_CONFIG_HOME": str(home / ".config"),
+            "XDG_CACHE_HOME": str(home / ".cache"),
+            "XDG_DATA_HOME": str(home / ".local" / "share"),
+            "XDG_STATE_HOME": str(home / ".local" / "state"),
+            "XDG_RUNTIME_DIR": str(home / ".run"),
+            "USER": f"kernel-{self.owner[0]}",
+            "LOGNAME": f"kernel-{self.owner[0]}",
+        }
+        subfolders = [Path(env[name]) for name in ("TMPDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME",
+                                                   "XDG_DATA_HOME", "XDG_STATE_HOME",
+                                                   "XDG_RUNTIME_DIR")]  # fmt: skip
+        self._own(home, subfolders)
+        self._own(self.directory / "raft", [])
+        return env
+
+    def _own(self, folder: Path, inside: list[Path]) -> None:
+        """Make `folder` (and, when new, `inside` it) the owner's, mode 0700. A folder left by
+        another user (an earlier replica of this id, of another kernel) is removed first."""
+        assert self.owner is not None
+        try:
+            found = os.lstat(folder)
+        except FileNotFoundError:
+            found = None
+        if found is not None and found.st_uid == self.owner[0] and os.path.isdir(folder):
+            return  # the owner's already: what is inside is its own business
+        if found is not None:
+            if os.path.isdir(folder) and not os.path.islink(folder):
+                shutil.rmtree(folder)  # fd-based on Linux: never follows the links inside
+            else:
+                folder.unlink()
+        # Created while still the agent's, then given away from the bottom up: the kernel's
+        # user can place nothing here before the folder is its own.
+        folder.mkdir(mode=0o700)
+        for sub in inside:
+            sub.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for below, folders, _files in os.walk(folder, topdown=False):
+            for name in folders:
+                os.chown(os.path.join(below, name), *self.owner, follow_symlinks=False)
+        os.chown(folder, *self.owner, follow_symlinks=False)
+
+
+class ReplicaKernelManager(AsyncKernelManager):
+    """jupyter_client's kernel manager, which also hands the connection file to the replica's
+    user (`owner`, set before the launch) each time it writes it: the file is created 0600."""
+
+    owner: tuple[int, int] | None = None
+
+    def write_connection_file(self, **kwargs: Any) -> None:
+        super().write_connection_file(**kwargs)
+        if self.owner is not None:
+            os.chown(self.connection_file, *self.owner, follow_symlinks=False)
+
+    def launch_options(self) -> dict[str, Any]:
+        """What `start_kernel` passes on to ``Popen`` to run the kernel as `owner`."""
+        if self.owner is None:
+            return {}
+        uid, gid = self.owner
+        return {"user": uid, "group": gid, "extra_groups": [], "umask": KERNEL_UMASK}
 
 
 class StartError(Exception):

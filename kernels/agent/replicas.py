@@ -30,7 +30,13 @@ from traitlets.config import Configurable
 from kernelfleet.errors import Conflict, InvalidRequest, KernelDead, KernelStartFailed, NotFound
 from kernelfleet.kernels.agent.kernel_process import (
     PORT_TAKEN,
+    Isolation,
+    KernelUser,
+    ReplicaFolders,
+    ReplicaKernelManager,
     StartError,
+    account_of,
+    choose_isolation,
     process_exit_code,
     wait_ready,
 )
@@ -160,6 +166,7 @@ class Replica:
         km: AsyncKernelManager,
         directory: Path,
         launch_timeout: float,
+        owner: tuple[int, int] | None = None,
     ) -> None:
         self.request = request
         self.id = request.replica_id
@@ -168,6 +175,9 @@ class Replica:
         self.km = km
         self.directory = directory
         self.log_path = directory / "kernel.log"
+        self.owner = owner
+        """The (uid, gid) its process runs as; None: the agent's own user."""
+        self.folder_env: dict[str, str] = {}
         self.state = ReplicaState.STARTING
         self.exit_code: int | None = None
         self.lock = asyncio.Lock()
@@ -178,8 +188,12 @@ class Replica:
         """The ports this agent gave the replica: 5 ZMQ ports, then its Raft port if any."""
 
     def open_log(self) -> None:
-        """Open kernel.log for appending (the kernel's stdout and stderr); kept open until stop."""
-        self.log_file = open(self.log_path, "ab")  # noqa: SIM115 (closed by ReplicaTable._discard)
+        """Open kernel.log for appending (the kernel's stdout and stderr); kept open until stop.
+        Only the agent may open it (0600): the kernel writes through the descriptor it inherits,
+        and another kernel's replica reads none of it."""
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        os.fchmod(fd, 0o600)
+        self.log_file = open(fd, "ab")  # noqa: SIM115 (closed by ReplicaTable._discard)
 
     def move_to(self, state: ReplicaState) -> None:
         self.state = check_transition(_TRANSITIONS, f"replica {self.id}", self.state, state)
@@ -207,6 +221,7 @@ class Replica:
             "exit_code": self.exit_code,
             "connection": self.connection(),
             "raft_address": self.raft_address,
+            "uid": None if self.owner is None else self.owner[0],
         }
 
     def log_tail(self, offset: int = 0, lines: int = LOG_TAIL_LINES) -> str:
@@ -230,7 +245,8 @@ class ReplicaTable:
     never passed on. ``config_parent`` (the agent application) lets the agent's configuration
     reach ``KernelManager`` and the kernel provisioners; its ``gateway_url`` (``--gateway``)
     is what replicas get as `ReplicaEnv.GATEWAY_URL`, with the kernel's token from the start
-    request as `ReplicaEnv.KERNEL_TOKEN`.
+    request as `ReplicaEnv.KERNEL_TOKEN`. ``isolation`` says which user replicas run as
+    (`choose_isolation`; by default the agent's own).
     """
 
     def __init__(
@@ -247,8 +263,10 @@ class ReplicaTable:
         base_env: Mapping[str, str] | None = None,
         on_change: Callable[[], None] = lambda: None,
         config_parent: Configurable | None = None,
+        isolation: Isolation | None = None,
     ) -> None:
         self.replicas_dir = state_dir / "replicas"
+        self.isolation = isolation or choose_isolation(KernelUser.SAME, self.replicas_dir)
         self.kernel_spec_manager = kernel_spec_manager
         self.root_dir = root_dir
         self.kernel_ip = kernel_ip
@@ -283,7 +301,8 @@ class ReplicaTable:
         """Launch a replica and return it once it answered ``kernel_info``.
 
         Raises ``NotFound`` (unknown kernelspec; the message lists the known ones), ``Conflict``
-        (the replica id is in use, or the agent is shutting down), ``InvalidRequest`` (a bad
+        (the replica id is in use, the agent is shutting down, or the kernel's own user is
+        taken: another kernel's replica here or a system account has it), ``InvalidRequest`` (a bad
         ``KERNEL_LAUNCH_TIMEOUT``) or ``KernelStartFailed`` (the process exited, or stayed silent
         past the launch timeout; the message holds the tail of its kernel.log). A replica that
         failed to start is forgotten; its kernel.log stays on disk.
@@ -293,9 +312,11 @@ class ReplicaTable:
             raise Conflict(f"a replica with id {request.replica_id!r} already exists on this host")
         self._check_kernelspec(request.kernel_name)
         timeout = self._launch_timeout_for(request)
+        owner = self._owner_for(request.kernel_id)
         directory = self.replicas_dir / request.replica_id
-        directory.mkdir(parents=True, exist_ok=True)
-        km = AsyncKernelManager(
+        folders = ReplicaFolders(directory, owner)
+        folder_env = folders.prepare()
+        km = ReplicaKernelManager(
             parent=self.config_parent,
             kernel_name=request.kernel_name,
             kernel_spec_manager=self.kernel_spec_manager,
@@ -304,7 +325,9 @@ class ReplicaTable:
             shutdown_wait_time=self.stop_timeout,
             cache_ports=False,  # jupyter_client's cache would replace the ports set here
         )
-        replica = Replica(request, km, directory, timeout)
+        km.owner = owner
+        replica = Replica(request, km, directory, timeout, owner)
+        replica.folder_env = folder_env
         self._assign_ports(replica)
         self._replicas[replica.id] = replica
         self._changed()
@@ -315,6 +338,7 @@ class ReplicaTable:
                     "cwd": str(self._kernel_cwd(request)),
                     "stdout": replica.log_file,
                     "stderr": replica.log_file,
+                    **km.launch_options(),
                 }
                 for attempt in range(1, PORT_ATTEMPTS + 1):
                     launch_args["env"] = self._kernel_env(replica)
@@ -458,6 +482,27 @@ class ReplicaTable:
                 f"no kernelspec named {name!r} on this host; known kernelspecs: {known}"
             ) from None
 
+    def _owner_for(self, kernel_id: str) -> tuple[int, int] | None:
+        """The user the kernel's replicas run as; ``Conflict`` if that uid is taken (by another
+        kernel's replica on this host, or by a system account)."""
+        owner = self.isolation.owner(kernel_id)
+        if owner is None:
+            return None
+        for other in self._replicas.values():
+            if other.owner == owner and other.kernel_id != kernel_id:
+                raise Conflict(
+                    f"kernel {kernel_id} would run as uid {owner[0]}, which kernel "
+                    f"{other.kernel_id} has on this host (a hash collision): start it again "
+                    "under another id"
+                )
+        account = account_of(owner[0])
+        if account is not None:
+            raise Conflict(
+                f"kernel {kernel_id} would run as uid {owner[0]}, which is the system account "
+                f"{account!r}'s: start it again under another id"
+            )
+        return owner
+
     def _launch_timeout_for(self, request: ReplicaRequest) -> float:
         if request.launch_timeout is not None:
             return request.launch_timeout
@@ -469,6 +514,7 @@ class ReplicaTable:
         env = {**self.base_env, **request.env}
         for name in (*SCRUBBED_ENV, ReplicaEnv.GATEWAY_URL.value, ReplicaEnv.KERNEL_TOKEN.value):
             env.pop(name, None)  # the agent's own values, or a request's: not the kernel's
+        env.update(replica.folder_env)
         gateway_url = getattr(self.config_parent, "gateway_url", "")
         if gateway_url:
             env[ReplicaEnv.GATEWAY_URL.value] = gateway_url

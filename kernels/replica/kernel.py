@@ -21,7 +21,9 @@ a replacement replica joins after it was added, with the members as its peers. A
 - it applies every other replica's `StateDelta` in log order and takes its execution count, so
   whichever replica runs the next cell holds the state of every committed cell.
 
-Run as ``python -m kernelfleet.kernels.replica.kernel -f CONNECTION_FILE``.
+Run as ``python -m kernelfleet.kernels.replica.kernel -f CONNECTION_FILE``. Before anything
+else it drops from its environment what no notebook and none of its subprocesses may hold
+(`NEVER_INHERITED`: the fleet token, should a launcher ever pass it on).
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ MEMBERSHIP_DEADLINE = 10.0  # seconds to get a membership change through pysynco
 OWED_DELTA_WAIT = 15.0  # seconds to wait for another replica's owed delta before going on
 CELLS_REMEMBERED = 10_000  # cells whose executor is remembered, to refuse a duplicate
 MAGICS_EXTENSION = "kernelfleet.kernels.magics"  # %fleet, %gpus and the tools' magics
+NEVER_INHERITED = ("KERNELFLEET_TOKEN",)
+"""Variables a replica removes from its environment at start: the fleet (admin) token, which
+the host agent never passes on; the replica drops it too, whoever launched it."""
 
 
 @dataclass
@@ -234,7 +239,8 @@ class ReplicatedKernel(IPythonKernel):
         self.forgotten.update(content.get("forget", []))  # before replaying the log
         shell = self.user_shell
         tracker = NamespaceTracker(shell.user_ns, hidden=shell.user_ns_hidden)
-        store = LocalDirectoryStore(content["store_root"])
+        kernel_id = os.environ.get(ReplicaEnv.KERNEL_ID) or self.replica_id
+        store = LocalDirectoryStore.for_kernel(content["store_root"], kernel_id)
         if self.raft_port_hold is not None:  # let the log bind it
             self.raft_port_hold.close()
             self.raft_port_hold = None
@@ -428,7 +434,20 @@ class ReplicatedKernel(IPythonKernel):
         shell.execution_count = entry.execution_count
 
 
+def drop_secrets(environ: dict[str, str] | os._Environ[str] = os.environ) -> list[str]:
+    """Remove `NEVER_INHERITED` from `environ` (this process's, which its subprocesses and the
+    notebook's ``os.environ`` get); return the names that were there."""
+    found = [name for name in NEVER_INHERITED if name in environ]
+    for name in found:
+        del environ[name]
+    return found
+
+
 def main() -> None:
+    dropped = drop_secrets()
+    if dropped:
+        print(f"kernelfleet: removed {', '.join(dropped)} from the kernel's environment",
+              file=sys.stderr)  # fmt: skip
     IPKernelApp.launch_instance(kernel_class=ReplicatedKernel)
 
 

@@ -108,7 +108,10 @@ async def test_registers_and_heartbeats(host_agent: StartAgent) -> None:
             for i in range(2)
         ],
         "replicas": [],
+        "isolation": first.body["isolation"],
     }
+    # pytest's folders are 0700: a kernel's own user could not reach this agent's state dir
+    assert first.body["isolation"]["kernel_user"] == "agent"
     assert host_info == first.body
     beats = [put.at for put in gateway.puts]
     intervals = [later - earlier for earlier, later in itertools.pairwise(beats)]
