@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,23 @@ def test_the_gateway_option_keeps_positive_counts_in_order(given, kept):
 def test_the_gateway_option_refuses_counts_below_one(bad):
     with pytest.raises(TraitError, match="positive GPU counts"):
         GatewayApp(gpu_kernelspecs=bad)
+
+
+@pytest.mark.parametrize(
+    ("argv", "kept"),
+    [
+        (["--GatewayApp.gpu_kernelspecs=2", "--GatewayApp.gpu_kernelspecs=1"], [1, 2]),
+        (["--GatewayApp.gpu_kernelspecs=[]"], []),
+    ],
+)
+def test_the_readmes_command_line_forms_set_the_list(argv, kept):
+    """As the gateway process parses them (a fresh process: one Application per process)."""
+    script = (
+        "import sys\nfrom kernelfleet.gateway.app import GatewayApp\n"
+        "app = GatewayApp()\napp.parse_command_line(sys.argv[1:])\nprint(app.gpu_kernelspecs)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{kept}\n"
