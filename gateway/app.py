@@ -116,6 +116,15 @@ class GatewayApp(Application):
         config=True,
         help="Kernelspecs that replicate, mapped to the hosts' kernelspec of the replica kernel.",
     )
+    gpu_kernelspecs = List(
+        Int(),
+        [1, 2, 4, 8],
+        config=True,
+        help="GPU counts offered as kernelspecs beside each replicated one (python3-1gpu: "
+        "'Python 3 · 1 GPU', ...): starting one gives the kernel that many GPUs per cell, as "
+        "KERNEL_GPUS does. The list clients read holds the counts that fit on the largest host "
+        "at that moment; empty: no such kernelspecs.",
+    )
     object_store_root = Unicode(
         config=True,
         help="Folder every host reaches, for values too large for the Raft log. "
@@ -210,6 +219,13 @@ class GatewayApp(Application):
             raise TraitError("a kernel needs at least 1 replica")
         return proposal["value"]
 
+    @validate("gpu_kernelspecs")
+    def _check_gpu_kernelspecs(self, proposal: dict) -> list[int]:
+        counts = list(proposal["value"])
+        if any(count < 1 for count in counts):
+            raise TraitError(f"gpu_kernelspecs must be positive GPU counts, not {counts}")
+        return sorted(set(counts))
+
     @validate("ratio_window", "usage_sample_interval", "autoscale_interval")
     def _check_positive(self, proposal: dict) -> float:
         if proposal["value"] <= 0:
@@ -257,7 +273,13 @@ class GatewayApp(Application):
     def init_services(self) -> None:
         try:
             policy = load_policy(self.policy, self.autoscaling())
-            kernelspecs = KernelSpecCatalog(self.default_kernel_name, set(self.allowed_kernelspecs))
+            kernelspecs = KernelSpecCatalog(
+                self.default_kernel_name,
+                set(self.allowed_kernelspecs),
+                gpu_bases=self.replicated_kernelspecs,
+                gpu_counts=self.gpu_kernelspecs,
+                largest_host=self._largest_host_gpus,
+            )
         except FleetError as e:
             self.log.critical("%s", e)
             self.exit(2)
@@ -294,6 +316,10 @@ class GatewayApp(Application):
         )
         self.kernels.metrics.registry.on_collect(self._collect_gpu_metrics)
         self.kernelspecs = kernelspecs
+
+    def _largest_host_gpus(self) -> int:
+        """GPUs of the largest host a cell could run on now, or that the autoscaler could add."""
+        return self.kernels.snapshot().host_size
 
     def autoscaling(self) -> AutoscaleConfig:
         """The policy's autoscaling parameters, from this app's settings."""

@@ -43,6 +43,7 @@ from kernelfleet.gateway.framing import (
     kernel_message_from_dict,
     parse_kernel_frames,
 )
+from kernelfleet.gateway.wait_notice import WaitNotice
 from kernelfleet.protocol import (
     METADATA_KEY,
     CellKey,
@@ -289,6 +290,7 @@ class ClientLink:
         self._signers: dict[str, Session] = {}
         self._pumps: dict[str, list[asyncio.Task[None]]] = {}
         self._stdin_replica: str | None = None
+        self._notices: dict[str, WaitNotice] = {}  # cell id -> its notice, while it waits
         self._closed = False
 
     def open_replica(self, replica_id: str, info: ConnectionInfo) -> None:
@@ -335,6 +337,7 @@ class ClientLink:
         """Send `cell` with the LEAD role to its replica and the YIELD role to `yielders`."""
         message = cell.message
         executor = assignment.replica_id
+        self._clear_notice(cell)  # before the replica's first output
         self._pending[message.msg_id] = (message.parts[0], executor)
         lead = _with_role(message.parts, Role.LEAD, executor, cell.attempt, assignment.devices)
         await self._send_to(executor, "shell", lead, message.buffers)
@@ -344,21 +347,27 @@ class ClientLink:
                 await self._send_to(replica_id, "shell", yielding, message.buffers)
 
     def show_cell_status(self, cell: Cell, text: str) -> None:
-        """Show `text` in the output of a cell that waits in the gateway (one updated line)."""
-        parent = json.loads(cell.message.parts[0])
-        said = cell.status_shown
-        if not said:
-            self._publish("status", {"execution_state": "busy"}, parent)
-        content = {
-            "data": {"text/plain": text},
-            "metadata": {},
-            "transient": {"display_id": f"kernelfleet-{cell.id}"},
-        }
-        self._publish("update_display_data" if said else "display_data", content, parent)
-        cell.status_shown = True
+        """Show `text` in the output of a cell that waits in the gateway: a transient display,
+        updated in place at most once a second, and removed when the cell is sent to its
+        replica or ends unsent (`kernelfleet.gateway.wait_notice`)."""
+        notice = self._notices.get(cell.id)
+        if notice is None:
+            parent = json.loads(cell.message.parts[0])
+            notice = WaitNotice(
+                f"kernelfleet-{cell.id}",
+                lambda msg_type, content: self._publish(msg_type, content, parent),
+            )
+            self._notices[cell.id] = notice
+        notice.show(text)
+
+    def _clear_notice(self, cell: Cell) -> None:
+        notice = self._notices.pop(cell.id, None)
+        if notice is not None:
+            notice.clear()
 
     def end_unsent_cell(self, cell: Cell, ename: str, why: str) -> None:
         """Answer a cell that never ran: an error reply (aborted for ``ename == "aborted"``)."""
+        self._clear_notice(cell)
         parent = json.loads(cell.message.parts[0])
         if ename == "aborted":
             reply: dict[str, Any] = {"status": "aborted", "execution_count": None}
@@ -383,6 +392,9 @@ class ClientLink:
 
     def close(self) -> None:
         self._closed = True
+        for notice in self._notices.values():
+            notice.cancel()
+        self._notices.clear()
         self._link.detach(self)
         self._link.cells.client_gone(self)
         for replica_id in list(self._sockets):

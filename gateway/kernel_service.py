@@ -181,7 +181,10 @@ class KernelService:
         name = self._kernelspecs.resolve(name)
         notebook_path, user = start_facts(env)
         env = self._checked_env(env)
-        launch_name, replicas = self._replication.plan(name)
+        launch = self._kernelspecs.launch(name)  # a GPU variant sets the kernel's GPUs
+        if launch.gpus is not None:
+            env["KERNEL_GPUS"] = str(launch.gpus)
+        launch_name, replicas = self._replication.plan(launch.base)
         kernel = KernelRecord(
             id=str(uuid.uuid4()),
             name=name,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import socket
 import sys
@@ -253,6 +254,7 @@ class ReplicatedKernel(IPythonKernel):
             on_commit=self._on_commit,
         )
         self.group = _Group(raft, tracker, store, asyncio.get_running_loop())
+        shell.events.register("post_run_cell", self._notice_unsynced)
         await raft.wait_ready(timeout=float(content.get("timeout", 20)))
         self.log.info(
             "replica %s joined its group (%d peers)", self.replica_id, len(content["peers"])
@@ -392,10 +394,15 @@ class ReplicatedKernel(IPythonKernel):
             )
             return
         group.tracker.commit(delta, encoded)
-        for name, why in encoded.problems.items():
-            print(
-                f"kernelfleet: {name} does not sync to the other replicas: {why}", file=sys.stderr
-            )
+        for line in group.tracker.notices(encoded.problems):  # those early_notices missed
+            print(line, file=sys.stderr)
+
+    def _notice_unsynced(self, result: Any = None) -> None:
+        """At the end of a cell (IPython's post_run_cell, before the reply): tell, in its
+        output, of the values it bound that will never sync (`NamespaceTracker.early_notices`)."""
+        if self.group is not None:
+            for line in self.group.tracker.early_notices():
+                print(line, file=sys.stderr)
 
     def _on_commit(self, index: int, entry: Any) -> None:
         """Track who owes a delta; apply another replica's (on the main loop, in log order)."""
@@ -443,7 +450,19 @@ def drop_secrets(environ: dict[str, str] | os._Environ[str] = os.environ) -> lis
     return found
 
 
+def log_to_process_stderr() -> None:
+    """Send kernelfleet's log records to the process's own stderr (the replica's log file).
+    Without a handler, Python writes warnings to ``sys.stderr``, which in a kernel is the
+    running cell's output: users would read operators' lines there."""
+    handler = logging.StreamHandler(sys.__stderr__)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("kernelfleet")
+    logger.addHandler(handler)
+    logger.propagate = False
+
+
 def main() -> None:
+    log_to_process_stderr()
     dropped = drop_secrets()
     if dropped:
         print(f"kernelfleet: removed {', '.join(dropped)} from the kernel's environment",

@@ -36,6 +36,8 @@ What syncs, and how:
 - A value that cannot be pickled is reported once (name and reason) until it is rebound (it is
   retried every cell, so one that becomes picklable in place syncs then); the
   followers drop their stale copy so a cell there fails with NameError instead of using it.
+  The user is told once per name for the tracker's life (`NamespaceTracker.notices`, see
+  `kernelfleet.kernels.replica.statesync_notice`).
 
 Change detection (the cost trade-off): NotebookOS re-pickles every global after every cell and
 compares md5s. Here, a value that is *deeply immutable* (int, str, bytes, tuples of those, ...)
@@ -72,6 +74,7 @@ from kernelfleet.kernels.replica.statesync_delta import (
     StateSyncError,
     label_names,
 )
+from kernelfleet.kernels.replica.statesync_notice import NoticeBoard, likely_unsyncable
 from kernelfleet.kernels.replica.statesync_pickling import (
     Frame,
     Namespace,
@@ -177,6 +180,7 @@ class NamespaceTracker:
         else:
             self._hidden_names = frozenset(hidden)
         self._synced: dict[str, _Synced] = {}
+        self._board = NoticeBoard()
 
     def is_tracked(self, name: str, value: Any) -> bool:
         """Whether `name` bound to `value` is part of the synced state."""
@@ -194,6 +198,24 @@ class NamespaceTracker:
     def problems(self) -> dict[str, str]:
         """Names currently not synced because their value cannot be pickled, and why."""
         return {n: s.reason or "" for n, s in self._synced.items() if s.kind == "problem"}
+
+    def early_notices(self) -> list[str]:
+        """Notices for the names bound to a value of a kind that never syncs (an open file, a
+        widget...; one that indeed fails to pickle), not told before. Cheap: call it at the end
+        of every cell, before its reply, so the notice is in that cell's output."""
+        found = []
+        for name, value in self.tracked_items():
+            if name in self._board or not likely_unsyncable(value):
+                continue
+            try:
+                serialize(value, self.namespace)
+            except Exception:
+                found.append((name, value))
+        return self._board.tell(found)
+
+    def notices(self, names: Iterable[str]) -> list[str]:
+        """Notices for `names` (an encoded delta's ``problems``) not told before."""
+        return self._board.tell((n, self.namespace[n]) for n in names if n in self.namespace)
 
     def diff(self) -> Delta:
         """What changed since the last `commit` (or `apply`). Pickles; does not store or send.
@@ -270,6 +292,7 @@ class NamespaceTracker:
         """Follower side: the applied values are the new baseline (called by `apply`)."""
         for name in (*report.deleted, *report.dropped, *report.failed):
             self._synced.pop(name, None)
+        self._board.told(report.dropped)  # the replica that found them told the user
         for name in report.imported:
             module = encoded.imports[name]
             self._synced[name] = _Synced("import", id(self.namespace[name]), module=module)
