@@ -36,7 +36,7 @@ export class FleetPanel extends Widget {
 
   protected onUpdateRequest(): void {
     const model = this._model;
-    const live = model.live ? 'live' : 'reconnecting…';
+    const live = model.live ? 'live' : 'connecting…';
     this.node.replaceChildren(
       h('header', 'jp-KernelfleetPanel-header', h('h2', '', 'Kernelfleet'),
         h('span', `jp-KernelfleetPanel-live${model.live ? ' jp-mod-live' : ''}`, live)),
@@ -78,8 +78,9 @@ export class FleetPanel extends Widget {
 function kernelSection(kernel: IKernelModel, model: FleetPanelModel): HTMLElement {
   const held = kernel.gpus_held ?? [];
   const devices = held.map(g => `${g.host}: ${g.devices.join(', ')}`).join('; ');
+  const prefix = `${kernel.id.slice(0, 8)}-`; // replica ids start with their kernel's
   const replicas = kernel.replicas.map(r => [
-    r.id,
+    r.id.startsWith(prefix) ? r.id.slice(prefix.length) : r.id,
     r.host,
     h('span', `jp-KernelfleetPanel-state jp-mod-${r.state}`, r.state),
     r.id === kernel.executor ? 'executor' : ''
@@ -117,8 +118,9 @@ function fleetSection(fleet: IFleetModel, autoscalerEvent: string | null): HTMLE
     'Fleet',
     note(`${summary.policy} policy · ${summary.kernels} kernels · GPUs ${summary.gpus.committed} / ` +
       `${summary.gpus.subscribed} / ${summary.gpus.total}`),
-    table(['host', 'state', 'GPUs committed / subscribed / total'], hosts,
-      'jp-KernelfleetPanel-hosts'),
+    table(['host', 'state', 'GPUs'], hosts, 'jp-KernelfleetPanel-hosts'),
+    note('GPUs: committed (bound to running cells) / subscribed (replicas placed) / total',
+      'jp-KernelfleetPanel-legend'),
     note(`Autoscaler: ${autoscaler}`, 'jp-KernelfleetPanel-autoscaler')
   );
 }
