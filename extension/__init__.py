@@ -1,7 +1,9 @@
 """The kernelfleet Jupyter server extension.
 
 Stock ``jupyter lab --gateway-url=...`` works without it. Installed (``pip install kernelfleet``
-enables it through ``jupyter_server_config.d``), it mends three things in jupyter_server's
+enables it through ``jupyter_server_config.d``), it serves the JupyterLab fleet panel's API
+(`kernelfleet.extension.routes`, proxying the gateway's admin API and event stream) and mends
+three things in jupyter_server's
 gateway websocket relay: JupyterLab's ``v1.kernel.websocket.jupyter.org`` framing is spoken end to
 end (stock gateway mode refuses it, so each connection fails once and reconnects), binary frames
 (messages with buffers) are passed on as binary instead of being decoded as text, and Nagle's
@@ -39,4 +41,12 @@ def _link_jupyter_server_extension(serverapp: Any) -> None:
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
-    """Nothing to load at this stage; the relay was set up when the extension was linked."""
+    """Add the JupyterLab panel's API under ``{base_url}kernelfleet/api/``.
+
+    Added in every mode: outside gateway mode its routes answer 409 ``not-kernelfleet``, which
+    the panel shows as "not a kernelfleet kernel" instead of failing obscurely.
+    """
+    from kernelfleet.extension.routes import panel_routes
+
+    base_url = serverapp.web_app.settings["base_url"]
+    serverapp.web_app.add_handlers(".*$", panel_routes(base_url))

@@ -77,11 +77,12 @@ def linked_packages() -> list[Path]:
 
 
 def source_files() -> list[Path]:
-    """Every module, read from its real folder (rglob does not follow the links)."""
+    """Every module, read from its real folder (rglob does not follow the links). The
+    JupyterLab extension's node packages (extension/node_modules, a build input) are no modules."""
     files = list(PACKAGE_ROOT.rglob("*.py"))
     for link in linked_packages():
         files += (REPO_ROOT / link.name).rglob("*.py")
-    return sorted(files)
+    return sorted(f for f in files if "node_modules" not in f.relative_to(REPO_ROOT).parts)
 
 
 def test_each_link_names_the_top_level_folder_of_the_same_name() -> None:

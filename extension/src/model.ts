@@ -1,0 +1,194 @@
+/**
+ * What the panel and the status bar show, kept live.
+ *
+ * One `FleetPanelModel` per JupyterLab window. It follows the current notebook's kernel
+ * (`kernelId`), listens to the event stream, and re-fetches the kernel model, the fleet and the
+ * other tools' sections when an event concerns them (coalesced: one fetch per burst of events).
+ * Without the stream (before the gateway has event routes, or while it reconnects) it re-fetches
+ * on each reconnection attempt instead.
+ *
+ * `state` is one of:
+ * - `no-kernel`: the current widget is no notebook with a kernel;
+ * - `not-kernelfleet`: the kernel does not run on a kernelfleet (server not in gateway mode, or
+ *   the gateway does not know it as a fleet kernel);
+ * - `unreachable`: the gateway does not answer (`error` names its URL); recovers by itself;
+ * - `ready`: `kernel` and `fleet` are current.
+ */
+import { ISignal, Signal } from '@lumino/signaling';
+
+import {
+  IFleetEvent,
+  IFleetModel,
+  IKernelModel,
+  ISection,
+  PanelApiError,
+  getJson
+} from './api';
+import { EventStream } from './events';
+
+export type PanelState = 'no-kernel' | 'not-kernelfleet' | 'unreachable' | 'ready';
+
+/** A cell of this kernel waiting for GPUs, from its latest `cell-waiting` event. */
+export interface IWaiting {
+  gpus: number;
+  reason: string;
+  cellsAhead: number;
+}
+
+const COALESCE_MS = 100;
+const KERNEL_EVENTS = new Set([
+  'kernel-started', 'kernel-stopped', 'cell-queued', 'cell-waiting', 'cell-started',
+  'cell-finished', 'gpus-committed', 'gpus-released', 'replica-lost', 'replica-replaced',
+  'replica-migrated'
+]);
+
+export class FleetPanelModel {
+  constructor() {
+    this._stream.received.connect((_, event) => this._onEvent(event));
+    this._stream.connectionChanged.connect((_, connected) => {
+      this._live = connected;
+      this._scheduleRefresh();
+    });
+    this._stream.start();
+  }
+
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  get state(): PanelState {
+    return this._state;
+  }
+  get error(): string {
+    return this._error;
+  }
+  get kernelId(): string | null {
+    return this._kernelId;
+  }
+  get kernel(): IKernelModel | null {
+    return this._kernel;
+  }
+  get fleet(): IFleetModel | null {
+    return this._fleet;
+  }
+  get sections(): ISection[] {
+    return this._sections;
+  }
+  get waiting(): IWaiting | null {
+    return this._waiting;
+  }
+  /** The autoscaler's latest decision seen on the stream, as `action: reason`. */
+  get lastAutoscalerEvent(): string | null {
+    return this._autoscalerEvent;
+  }
+  /** Whether the event stream is open (changes show as they happen). */
+  get live(): boolean {
+    return this._live;
+  }
+
+  /** Follow another kernel (`null`: no notebook kernel). */
+  setKernel(kernelId: string | null): void {
+    if (kernelId === this._kernelId) {
+      return;
+    }
+    this._kernelId = kernelId;
+    this._kernel = null;
+    this._waiting = null;
+    this._sections = [];
+    this._state = kernelId === null ? 'no-kernel' : this._state;
+    this._changed.emit();
+    this._scheduleRefresh();
+  }
+
+  /** Fetch everything now (also what a reconnecting stream does). */
+  async refresh(): Promise<void> {
+    const kernelId = this._kernelId;
+    try {
+      const fleet = getJson<IFleetModel>('fleet');
+      const kernel = kernelId ? getJson<IKernelModel>(`kernels/${kernelId}`) : null;
+      const sections = getJson<ISection[]>('sections', kernelId ? { kernel: kernelId } : {});
+      this._fleet = await fleet;
+      if (kernelId !== this._kernelId) {
+        return; // the notebook changed meanwhile: its own refresh is under way
+      }
+      this._kernel = kernel ? await kernel : null;
+      this._sections = await sections.catch(() => []);
+      if (this._kernel && !(this._kernel.gpus_held ?? []).length && !this._queued()) {
+        this._waiting = null;
+      }
+      this._state = kernelId === null ? 'no-kernel' : 'ready';
+      this._error = '';
+    } catch (error) {
+      if (kernelId !== this._kernelId) {
+        return;
+      }
+      const reason = error instanceof PanelApiError ? error.reason : 'error';
+      if (reason === 'not-kernelfleet' || reason === 'not-found') {
+        this._state = 'not-kernelfleet';
+        this._kernel = null;
+      } else {
+        this._state = 'unreachable';
+      }
+      this._error = error instanceof Error ? error.message : String(error);
+    }
+    this._changed.emit();
+  }
+
+  dispose(): void {
+    this._stream.dispose();
+    window.clearTimeout(this._timer);
+  }
+
+  private _queued(): number {
+    return this._kernel?.queued_cells ?? 0;
+  }
+
+  private _onEvent(event: IFleetEvent): void {
+    const ours = event.kernel_id !== null && event.kernel_id === this._kernelId;
+    if (ours) {
+      if (event.type === 'cell-waiting') {
+        this._waiting = {
+          gpus: Number(event.data.gpus ?? 0),
+          reason: String(event.data.reason ?? ''),
+          cellsAhead: Number(event.data.cells_ahead ?? 0)
+        };
+        this._changed.emit();
+      } else if (event.type === 'cell-started' || event.type === 'cell-finished') {
+        this._waiting = null;
+        this._changed.emit();
+      }
+    }
+    if (event.type === 'autoscaler-decision') {
+      const reason = event.data.reason ? `: ${event.data.reason}` : '';
+      this._autoscalerEvent = `${event.data.action ?? 'decision'}${reason}`;
+    }
+    // Another kernel's events change only the hosts' GPU counts: refresh for those too.
+    if (ours || event.kernel_id === null || !KERNEL_EVENTS.has(event.type) ||
+        event.type.startsWith('gpus-')) {
+      this._scheduleRefresh();
+    }
+  }
+
+  private _scheduleRefresh(): void {
+    if (this._timer) {
+      return;
+    }
+    this._timer = window.setTimeout(() => {
+      this._timer = 0;
+      void this.refresh();
+    }, COALESCE_MS);
+  }
+
+  private _stream = new EventStream();
+  private _state: PanelState = 'no-kernel';
+  private _error = '';
+  private _kernelId: string | null = null;
+  private _kernel: IKernelModel | null = null;
+  private _fleet: IFleetModel | null = null;
+  private _sections: ISection[] = [];
+  private _waiting: IWaiting | null = null;
+  private _autoscalerEvent: string | null = null;
+  private _live = false;
+  private _timer = 0;
+  private _changed = new Signal<this, void>(this);
+}
