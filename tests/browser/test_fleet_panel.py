@@ -115,12 +115,6 @@ def settings_file(lab: Lab) -> Path:
     return Path(lab.log_path).parent / "config" / "lab" / "user-settings"
 
 
-def has_event_routes(fleet: Fleet) -> bool:
-    """The gateway's events and the kernel model's GPU fields come from issue 11's events
-    branch; until it is merged the live GPU checks below cannot pass."""
-    return fleet.request("GET", "/api/fleet/events")[0] != 404
-
-
 class Browser:
     """One JupyterLab page, with the steps a user takes."""
 
@@ -150,7 +144,7 @@ class Browser:
         editor = notebook.locator(".jp-Cell .jp-InputArea-editor .cm-content").last
         editor.click(timeout=60_000)
         self.page.keyboard.insert_text(code)
-        self.expect(editor).to_have_text(code)
+        self.expect(editor).to_have_text(code, use_inner_text=True)
         self.page.keyboard.press("Shift+Enter")
 
     def shot(self, name: str) -> None:
@@ -241,11 +235,9 @@ def test_panel_shows_the_notebooks_kernel_and_the_fleet(
 def test_panel_and_status_bar_follow_the_gpus_live(
     private_fleet: Callable[..., Fleet], start_lab: Callable[..., Lab]
 ) -> None:
-    """One host with one GPU; every kernel of this lab asks for 1 GPU per cell."""
+    """One host with one GPU; cells ask for it with ``%%gpus 1``, as a user would."""
     fleet = private_fleet(hosts=1, gpus=1, replicas=1)
-    if not has_event_routes(fleet):
-        pytest.skip("the gateway has no fleet events yet (issue 11, events branch)")
-    lab = start_lab(fleet, KERNEL_GPUS="1")
+    lab = start_lab(fleet)
 
     def steps(user: Browser) -> None:
         expect = user.expect
@@ -254,19 +246,26 @@ def test_panel_and_status_bar_follow_the_gpus_live(
         gpus_now = user.panel.locator(".jp-KernelfleetPanel-gpus")
         expect(gpus_now).to_have_text("none", timeout=30_000)
 
-        user.run(first, "import time; time.sleep(6); print('slept')")
+        user.run(first, "%fleet")
+        shown = first.locator(".jp-OutputArea-output").last
+        expect(shown).to_contain_text(kernel_of(lab)[:8], timeout=30_000)
+        expect(shown).to_contain_text("host-1")
+
+        user.run(first, "%%gpus 1\nimport time; time.sleep(6); print('slept')")
         expect(user.status).to_have_text(GPU_ON_HOST_1, timeout=15_000)
         expect(gpus_now).to_contain_text("host-1")
         user.shot("gpu-bound")
-        expect(first.locator(".jp-OutputArea-output").last).to_contain_text("slept", timeout=30_000)
+        expect(first.locator(".jp-OutputArea-output").last).to_contain_text(
+            "ran on 1 GPU", timeout=30_000
+        )
         expect(user.status).to_have_text("no GPU", timeout=10_000)
         expect(gpus_now).to_have_text("none")
 
         second = user.new_notebook(new_launcher=True)  # holds the only GPU for a while
-        user.run(second, "import time; time.sleep(25); print('released')")
+        user.run(second, "%%gpus 1\nimport time; time.sleep(25); print('released')")
         expect(user.status).to_have_text(GPU_ON_HOST_1, timeout=15_000)
         user.page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").first.click()
-        user.run(first, "print('got the GPU')")
+        user.run(first, "%%gpus 1\nprint('got the GPU')")
         expect(user.status).to_have_text("waiting for GPU", timeout=15_000)
         expect(user.panel.locator(".jp-KernelfleetPanel-waiting")).to_contain_text(
             "waiting for 1 GPU"

@@ -14,15 +14,6 @@ from kernelfleet.testing import V1_PROTOCOL, Fleet, KernelWebsocket
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def events_route(fleet: Fleet) -> None:
-    """The gateway's event routes come from the events branch of issue 11; until it is merged
-    the gateway answers 404 and these tests skip."""
-    status, _ = fleet.request("GET", "/api/fleet/events")
-    if status == 404:
-        pytest.skip("the gateway has no /api/fleet/events yet (issue 11, events branch)")
-
-
 async def read_until(ws, done, timeout: float = 60) -> list[dict]:
     seen: list[dict] = []
 
@@ -39,7 +30,7 @@ async def read_until(ws, done, timeout: float = 60) -> list[dict]:
 
 
 async def test_only_this_servers_kernels_and_fleet_events(
-    events_route, jp_fetch, jp_ws_fetch, fleet: Fleet
+    jp_fetch, jp_ws_fetch, fleet: Fleet
 ) -> None:
     events = await jp_ws_fetch("kernelfleet", "api", "events")
     response = await jp_fetch("api", "kernels", method="POST", body='{"name": "python3"}')
@@ -73,7 +64,7 @@ async def test_only_this_servers_kernels_and_fleet_events(
 
 
 async def test_the_kernel_filter_is_checked_against_this_server(
-    events_route, jp_fetch, jp_ws_fetch, fleet: Fleet
+    jp_fetch, jp_ws_fetch, fleet: Fleet
 ) -> None:
     other = fleet.api("POST", "/api/kernels", {"name": "python3"}, expect=201)["id"]
     try:
