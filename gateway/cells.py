@@ -22,7 +22,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from kernelfleet.errors import FleetError, InvalidRequest
 from kernelfleet.gateway.framing import ClientMessage
@@ -128,6 +128,8 @@ class Cell:
     """The host a replica of its kernel moved to, to run it."""
     ahead: int | None = None
     """Cells ahead of it when it first waited for GPUs."""
+    waiting_for: dict[str, Any] | None = None
+    """Why it waits for GPUs now (the latest ``cell-waiting`` event's data), until it starts."""
 
     @property
     def id(self) -> str:

@@ -220,8 +220,9 @@ class ExecutorChooser:
         if waiter.told != (why, ahead):
             waiter.told = (why, ahead)
             data = {"cell_id": cell.id, "gpus": waiter.gpus, "reason": why, "cells_ahead": ahead}
+            cell.waiting_for = {**data, "text": text}
             self._events.publish(
-                EventType.CELL_WAITING, {**data, "text": text}, kernel_id=waiter.kernel_id
+                EventType.CELL_WAITING, cell.waiting_for, kernel_id=waiter.kernel_id
             )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(waiter.turn, RECHECK_INTERVAL)

@@ -217,6 +217,20 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "The notebook's path (or folder) as its Jupyter server sent it.",
             },
             "user": {**_NULLABLE_STRING, "description": "`KERNEL_USERNAME` as sent at start."},
+            "waiting": {
+                **_object(
+                    {
+                        "cell_id": {"type": "string"},
+                        "gpus": _INT,
+                        "reason": {"type": "string"},
+                        "cells_ahead": _INT,
+                        "text": {"type": "string", "description": "For a person."},
+                    }
+                ),
+                "nullable": True,
+                "description": "Why its next cell waits for GPUs now (as the latest "
+                "`cell-waiting` event said); null when no cell waits.",
+            },
             "recent_cells": {
                 "type": "array",
                 "items": _ref("RecentCell"),

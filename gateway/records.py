@@ -218,7 +218,15 @@ class KernelRecord:
             "notebook_path": self.notebook_path,
             "user": self.user,
             "recent_cells": [cell.model() for cell in self.recent_cells],
+            "waiting": self.waiting_for(),
         }
+
+    def waiting_for(self) -> dict[str, Any] | None:
+        """Why its next cell waits for GPUs (`Cell.waiting_for`), or None when none waits."""
+        current = self.link.cells.current if self.link is not None else None
+        if current is None or current.started.done():
+            return None
+        return current.waiting_for
 
     def recent_cell(self, cell_id: str) -> CellRecord | None:
         """The record of cell `cell_id` among the recent ones (newest first), or None."""

@@ -46,6 +46,16 @@ export interface IKernelModel {
   gpus_held?: IGpusHeld[];
   queued_cells?: number;
   recent_cells?: IRecentCell[];
+  /** Why its next cell waits for GPUs now; null when none waits. */
+  waiting?: IWaitingModel | null;
+}
+
+export interface IWaitingModel {
+  cell_id: string;
+  gpus: number;
+  reason: string;
+  cells_ahead: number;
+  text: string;
 }
 
 export interface IHostModel {

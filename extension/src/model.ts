@@ -28,7 +28,8 @@ import { EventStream } from './events';
 
 export type PanelState = 'no-kernel' | 'not-kernelfleet' | 'unreachable' | 'ready';
 
-/** A cell of this kernel waiting for GPUs, from its latest `cell-waiting` event. */
+/** A cell of this kernel waiting for GPUs: from its latest `cell-waiting` event, or the
+ * kernel model's `waiting` when the panel refreshes. */
 export interface IWaiting {
   gpus: number;
   reason: string;
@@ -113,7 +114,15 @@ export class FleetPanelModel {
       }
       this._kernel = kernel ? await kernel : null;
       this._sections = await sections.catch(() => []);
-      if (this._kernel && !(this._kernel.gpus_held ?? []).length && !this._queued()) {
+      const waiting = this._kernel?.waiting;
+      if (waiting) {
+        // the gateway's word, whatever events this page missed (a reconnect, a tab switch)
+        this._waiting = {
+          gpus: waiting.gpus,
+          reason: waiting.reason,
+          cellsAhead: waiting.cells_ahead
+        };
+      } else if (this._kernel && (waiting === null || !this._queued())) {
         this._waiting = null;
       }
       this._state = kernelId === null ? 'no-kernel' : 'ready';

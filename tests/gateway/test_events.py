@@ -165,6 +165,12 @@ async def test_a_cell_that_waits_for_the_gpu_says_why_when_it_starts(one_gpu):
             10,
             "the second cell to queue",
         )
+        waiting_now = wait_for(
+            lambda: fleet.api("GET", f"/api/fleet/kernels/{waiting_id}")["waiting"],
+            10,
+            "the kernel model to say why its cell waits",
+        )
+        assert (waiting_now["cell_id"], waiting_now["gpus"]) == (second, 1)
         assert (await waiting.collect(second, timeout=30)).reply["status"] == "ok"
         await busy.collect(first, timeout=30)
 
@@ -192,6 +198,7 @@ async def test_a_cell_that_waits_for_the_gpu_says_why_when_it_starts(one_gpu):
 
         model = fleet.api("GET", f"/api/fleet/kernels/{waiting_id}")
         assert (model["gpus"], model["gpus_held"], model["queued_cells"]) == (1, [], 0)
+        assert model["waiting"] is None
         assert (model["notebook_path"], model["user"]) == ("/work/nb.ipynb", "ada")
         assert model["last_activity"] > time.time() - 60
         cell = model["recent_cells"][-1]
