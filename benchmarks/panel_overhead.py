@@ -7,8 +7,9 @@ the kernel, in one run against one fleet.
   off    ``kernelfleet.extension`` disabled (stock gateway relay, legacy framing)
   on     the extension loaded (its relay, v1 framing as JupyterLab offers it), no panel open
   panel  as ``on``, plus what an open panel does: the proxied event stream
-         (``/kernelfleet/api/events``) read live, and on every event of its kernel the kernel
-         model, the fleet and the sections fetched again
+         (``/kernelfleet/api/events``) read live, and after events of its kernel the kernel
+         model, the fleet and the sections fetched again, at most once a second (as the
+         panel's model, extension/src/model.ts, throttles it)
 
 Cells are interleaved round-robin across the three, so background load falls on all alike.
 ``panel/on`` is the panel's own cost; ``on/off`` the extension's (its relay included).
@@ -23,6 +24,7 @@ import json
 import secrets
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,10 @@ def configurations(gateway_url: str, token: str) -> list[Config]:
     ]
 
 
+COALESCE_S = 0.1  # extension/src/model.ts: COALESCE_MS
+MIN_REFRESH_INTERVAL_S = 1.0  # and MIN_REFRESH_INTERVAL_MS
+
+
 class Panel:
     """What the browser panel does on the server: follow the events, re-fetch on each."""
 
@@ -66,6 +72,8 @@ class Panel:
         self.endpoint, self.kernel_id = endpoint, kernel_id
         self.events = self.fetches = 0
         self.task: asyncio.Task[None] | None = None
+        self.pending: asyncio.Future[None] | None = None
+        self.last_refresh = 0.0
 
     async def start(self) -> None:
         url = self.endpoint.url.replace("http", "ws", 1) + "/kernelfleet/api/events"
@@ -83,8 +91,16 @@ class Panel:
             if message is None:
                 return
             self.events += 1
-            if json.loads(message).get("kernel_id") == self.kernel_id:
-                await self.refresh()
+            if json.loads(message).get("kernel_id") == self.kernel_id and self.pending is None:
+                since = time.monotonic() - self.last_refresh
+                delay = max(COALESCE_S, MIN_REFRESH_INTERVAL_S - since)
+                self.pending = asyncio.ensure_future(self._refresh_after(delay))
+
+    async def _refresh_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self.pending = None
+        self.last_refresh = time.monotonic()
+        await self.refresh()
 
     async def refresh(self) -> None:
         await asyncio.gather(
@@ -95,8 +111,9 @@ class Panel:
         self.fetches += 1
 
     def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
+        for task in (self.task, self.pending):
+            if task is not None:
+                task.cancel()
 
 
 async def measure(endpoints: list[Endpoint], cells: int, warmup: int) -> dict[str, Any]:

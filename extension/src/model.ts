@@ -36,7 +36,11 @@ export interface IWaiting {
   cellsAhead: number;
 }
 
+/** Events within this many ms of each other cause one refresh. */
 const COALESCE_MS = 100;
+/** At most one refresh per this many ms: a kernel running many short cells must not make the
+ * panel fetch per cell (what it shows still changes within a second or two). */
+const MIN_REFRESH_INTERVAL_MS = 1000;
 const KERNEL_EVENTS = new Set([
   'kernel-started', 'kernel-stopped', 'cell-queued', 'cell-waiting', 'cell-started',
   'cell-finished', 'gpus-committed', 'gpus-released', 'replica-lost', 'replica-replaced',
@@ -165,6 +169,8 @@ export class FleetPanelModel {
       } else if (event.type === 'cell-started' || event.type === 'cell-finished') {
         this._waiting = null;
         this._changed.emit();
+      } else if (event.type === 'gpus-committed' || event.type === 'gpus-released') {
+        this._applyGpus(event);
       }
     }
     if (event.type === 'autoscaler-decision') {
@@ -178,14 +184,40 @@ export class FleetPanelModel {
     }
   }
 
+  /** Show GPUs bound or released at once, from the event (a refresh follows, throttled). */
+  private _applyGpus(event: IFleetEvent): void {
+    if (!this._kernel || !event.host_id) {
+      return;
+    }
+    const devices = (event.data.devices as string[] | undefined) ?? [];
+    const others = (this._kernel.gpus_held ?? []).filter(held => held.host !== event.host_id);
+    const mine = (this._kernel.gpus_held ?? []).find(held => held.host === event.host_id);
+    const now = new Set(mine?.devices ?? []);
+    for (const device of devices) {
+      if (event.type === 'gpus-committed') {
+        now.add(device);
+      } else {
+        now.delete(device);
+      }
+    }
+    this._kernel = {
+      ...this._kernel,
+      gpus_held: now.size ? [...others, { host: event.host_id, devices: [...now] }] : others
+    };
+    this._changed.emit();
+  }
+
   private _scheduleRefresh(): void {
     if (this._timer) {
       return;
     }
+    const sinceLast = Date.now() - this._lastRefresh;
+    const delay = Math.max(COALESCE_MS, MIN_REFRESH_INTERVAL_MS - sinceLast);
     this._timer = window.setTimeout(() => {
       this._timer = 0;
+      this._lastRefresh = Date.now();
       void this.refresh();
-    }, COALESCE_MS);
+    }, delay);
   }
 
   private _stream = new EventStream();
@@ -199,5 +231,6 @@ export class FleetPanelModel {
   private _autoscalerEvent: string | null = null;
   private _live = false;
   private _timer = 0;
+  private _lastRefresh = 0;
   private _changed = new Signal<this, void>(this);
 }
