@@ -1,16 +1,19 @@
 """Run notebooks on the fleet from scripts: nbclient and papermill through the gateway.
 
 jupyter_server's ``GatewayKernelManager`` starts kernels on a gateway, but its client opens the
-channels websocket without the ``Authorization`` header, so an authenticated gateway refuses it.
-`FleetKernelManager` is that manager with a client that sends the header::
+channels websocket without the ``Authorization`` header, so an authenticated gateway refuses it,
+and it starts ``python3`` unless ``start_kernel`` is passed another name, which nbclient never
+does. `FleetKernelManager` is that manager with a client that sends the header, and which
+starts the kernelspec it was made with::
 
     GatewayClient.instance(url="http://127.0.0.1:8765", auth_token=TOKEN)
-    NotebookClient(notebook, km=FleetKernelManager(kernel_name="python3")).execute()
+    NotebookClient(notebook, km=FleetKernelManager(kernel_name="python3-1gpu")).execute()
 """
 
 from __future__ import annotations
 
 from threading import Thread
+from typing import Any
 
 import websocket
 from jupyter_client.asynchronous import AsyncKernelClient
@@ -58,6 +61,14 @@ class FleetKernelManager(GatewayKernelManager):
 
     client_class = DottedObjectName("kernelfleet.extension.gateway_client.FleetKernelClient")
     client_factory = Type(klass="kernelfleet.extension.gateway_client.FleetKernelClient")
+
+    async def start_kernel(self, **kwargs: Any) -> None:  # type: ignore[override]  # async, as in GatewayKernelManager
+        """Start a kernel of ``kernel_name`` (this manager's kernelspec, unless the call names
+        another) on the gateway, or attach to the running one ``kernel_id`` names; `kwargs`
+        as `GatewayKernelManager.start_kernel` takes them (``env``, ``cwd``...)."""
+        if kwargs.get("kernel_id") is None and not kwargs.get("kernel_name"):
+            kwargs["kernel_name"] = self.kernel_name
+        await super().start_kernel(**kwargs)
 
     async def _async_is_alive(self) -> bool:
         """Alive while the gateway knows the kernel and does not report it dead.

@@ -40,7 +40,7 @@ from kernelfleet.runtime_file import GatewayRuntime, remove_runtime, write_runti
 from kernelfleet.scheduler import AutoscaleConfig, StateSync, load_policy
 from kernelfleet.scheduler.policies import cluster_subscription_ratio
 from kernelfleet.scheduler.usage import UsageWindow
-from kernelfleet.web import new_token
+from kernelfleet.web import log_request, new_token
 
 log = logging.getLogger("kernelfleet.gateway")
 
@@ -344,6 +344,7 @@ class GatewayApp(Application):
             autoscaling=lambda: None if self.autoscaler is None else self.autoscaler.model(),
             metrics=self.kernels.metrics.registry,
             websocket_max_message_size=1 << 30,
+            log_function=log_request,
         )
 
     def _collect_gpu_metrics(self) -> None:

@@ -65,6 +65,9 @@ class HostRecord:
     instance: str | None = None
     state: HostState = HostState.ALIVE
     last_seen: float = 0.0
+    isolation: dict[str, str] | None = None
+    """Which user its kernels run as, as the agent reports it (`parse_isolation`); None: it
+    did not say."""
 
     def move_to(self, state: HostState) -> None:
         """Go to `state`; `IllegalTransition` (naming this host) if its table forbids it."""
@@ -85,6 +88,28 @@ class HostRecord:
         """What the admin API and the agent are shown: ``alive`` while it heartbeats, else
         ``lost`` (draining and stopping are the gateway's own business)."""
         return (HostState.ALIVE if self.alive else HostState.LOST).value
+
+
+ISOLATION_KERNEL_USERS = ("per-kernel", "agent")
+"""What a host's ``isolation.kernel_user`` may say: kernels run as users of their own, or as the
+agent's user (`kernelfleet.kernels.agent.kernel_process.Isolation.model`)."""
+
+
+def parse_isolation(value: Any) -> dict[str, str] | None:
+    """A host report's ``isolation``: ``{"kernel_user": "per-kernel" | "agent", "why": str}``,
+    or None when absent or null; `InvalidRequest` for anything else."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, dict)
+        or set(value) != {"kernel_user", "why"}
+        or value["kernel_user"] not in ISOLATION_KERNEL_USERS
+        or not isinstance(value["why"], str)
+    ):
+        raise InvalidRequest(
+            '\'isolation\' must be {"kernel_user": "per-kernel" or "agent", "why": text}'
+        )
+    return {"kernel_user": value["kernel_user"], "why": value["why"]}
 
 
 class HostListener(Protocol):
@@ -128,6 +153,7 @@ class HostRegistry:
         gpus, replicas = body.get("gpus", []), body.get("replicas", [])
         if not isinstance(gpus, list) or not isinstance(replicas, list):
             raise InvalidRequest("'gpus' and 'replicas' must be lists")
+        isolation = parse_isolation(body.get("isolation"))
         host = self._hosts.get(host_id)
         new = host is None
         if host is None:
@@ -150,6 +176,7 @@ class HostRegistry:
                 "host %s restarted (agent instance %s -> %s)", host_id, host.instance, instance
             )
         host.gpus, host.replicas, host.instance, host.last_seen = gpus, replicas, instance, now
+        host.isolation = isolation
         if new or returned:
             data = {"address": address, "gpus": len(gpus), "returned": returned}
             self._events.publish(EventType.HOST_ADDED, data, host_id=host_id)

@@ -14,6 +14,7 @@ from typing import Any
 
 from kernelfleet import __version__
 from kernelfleet.gateway.event_schemas import EventType
+from kernelfleet.gateway.hosts import ISOLATION_KERNEL_USERS
 
 _INT = {"type": "integer", "minimum": 0}
 _STRINGS = {"type": "array", "items": {"type": "string"}}
@@ -78,6 +79,19 @@ _KERNEL_FILTER = {
 _HOST_ID = _path_param("host_id", _ID, "A host's id (`host-1`, ...).")
 _KERNEL_ID = _path_param("kernel_id", "^[A-Za-z0-9_-]+$", "A kernel's id.")
 _REPLICA_ID = _path_param("replica_id", _ID, "One of the kernel's replicas' ids.")
+
+_ISOLATION = _object(
+    {
+        "kernel_user": {
+            "type": "string",
+            "enum": list(ISOLATION_KERNEL_USERS),
+            "description": "`per-kernel`: each kernel runs as a user of its own; `agent`: "
+            "kernels run as the agent's user.",
+        },
+        "why": {"type": "string", "description": "Why, for a person."},
+    }
+)
+"""A host's ``isolation``, as its agent reports it (``GET /api/host`` of the agent)."""
 
 _SCHEMAS: dict[str, Any] = {
     "Error": _object(
@@ -152,6 +166,12 @@ _SCHEMAS: dict[str, Any] = {
                     "over_committed": {"type": "boolean"},
                 }
             ),
+            "isolation": {
+                **_ISOLATION,
+                "nullable": True,
+                "description": "Which user its kernels run as, as its agent last reported; "
+                "null when the agent did not say.",
+            },
         }
     ),
     "HostReport": {
@@ -162,8 +182,9 @@ _SCHEMAS: dict[str, Any] = {
                 "instance": {"type": "string", "description": "The agent process's identity."},
                 "gpus": {"type": "array", "items": {"type": "object"}},
                 "replicas": {"type": "array", "items": {"type": "object"}},
+                "isolation": {**_ISOLATION, "nullable": True},
             },
-            optional=("id", "instance", "gpus", "replicas"),
+            optional=("id", "instance", "gpus", "replicas", "isolation"),
         ),
         "additionalProperties": True,
     },

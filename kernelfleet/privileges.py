@@ -11,7 +11,8 @@ Two defences, used by the processes that hold the fleet token (the gateway, the 
 - A host agent that runs as root launches each replica as a user of its own kernel:
   `kernel_uid` derives a uid (used as the gid too) from the kernel id, so the replicas of one
   kernel share it on every host, and no account of the system has it. `unreachable` tells
-  whether such a user can run the interpreter and read kernelfleet's files at all.
+  whether such a user can run the interpreter and read kernelfleet's files at all, and
+  `not_writable_by` whether it can create files in a folder (the kernel's working directory).
 
 This module imports nothing from kernelfleet: every process may use it.
 """
@@ -89,6 +90,35 @@ def unreachable(paths: Iterable[tuple[str | os.PathLike[str], str]]) -> list[str
         if need == "r":
             _require(target, stat.S_IROTH, "read", problems)
     return list(problems.values())
+
+
+def not_writable_by(directory: str | os.PathLike[str], uid: int, gid: int) -> str | None:
+    """Why user `uid`, of group `gid` and no other groups (a kernel's own user), could not
+    create files in `directory`, as one sentence naming the folder in the way and its owner and
+    mode; None when it can. It must traverse every folder above and write and traverse
+    `directory` itself, by the mode bits of the class it falls in (owner, group or others).
+    Links are resolved first; ACLs and read-only mounts are not looked at."""
+    target = Path(directory).resolve()
+    for folder, bits, verb in [
+        *((parent, stat.S_IXOTH, "traverse") for parent in reversed(target.parents)),
+        (target, stat.S_IWOTH | stat.S_IXOTH, "write in"),
+    ]:
+        try:
+            found = folder.stat()
+        except OSError as e:
+            return f"{folder} cannot be examined ({e.strerror})"
+        if not stat.S_ISDIR(found.st_mode):
+            return f"{folder} is not a directory"
+        mode = stat.S_IMODE(found.st_mode)
+        if found.st_uid == uid:
+            allowed = mode >> 6 & 0o7
+        elif found.st_gid == gid:
+            allowed = mode >> 3 & 0o7
+        else:
+            allowed = mode & 0o7
+        if allowed & bits != bits:
+            return f"{folder} is uid {found.st_uid}'s, mode {mode:04o} (uid {uid} cannot {verb} it)"
+    return None
 
 
 def _require(path: Path, bit: int, verb: str, problems: dict[str, str]) -> None:

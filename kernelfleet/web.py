@@ -7,6 +7,9 @@
 Besides the application's token (the fleet token), a server may accept kernel-scoped tokens
 (`KERNEL_TOKEN_PREFIX`): its settings then carry ``kernel_token_check``, a `KernelTokenCheck`.
 Each handler says what such a token may do with its ``kernel_access`` (nothing, by default).
+
+Tokens never reach a log: both applications set `log_request` as their ``log_function`` (the
+access log), and uncaught errors are logged with the same `redact_uri`.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import hmac
 import json
 import logging
 import secrets
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
 from tornado import web
+from tornado.log import access_log, app_log
 
 from kernelfleet.errors import (
     Conflict,
@@ -77,6 +82,44 @@ def token_from_request(request: Any) -> str | None:
         return value.strip()
     token = request.query_arguments.get("token")
     return token[0].decode("utf-8", "replace") if token else None
+
+
+REDACTED = "[secret]"
+"""What a log shows in place of a ``token`` query argument's value."""
+
+
+def redact_uri(uri: str) -> str:
+    """`uri` (a request's path and query) with the value of every ``token`` query argument
+    replaced by `REDACTED`; the rest of the query is kept as sent."""
+    path, question, query = uri.partition("?")
+    if not question:
+        return uri
+    arguments = []
+    for argument in query.split("&"):
+        name, equals, _value = argument.partition("=")
+        if equals and urllib.parse.unquote_plus(name) == "token":
+            argument = f"{name}={REDACTED}"
+        arguments.append(argument)
+    return f"{path}?{'&'.join(arguments)}"
+
+
+def request_summary(request: Any) -> str:
+    """``METHOD URI (REMOTE_IP)`` as tornado logs a request, its token redacted."""
+    return f"{request.method} {redact_uri(request.uri or '')} ({request.remote_ip})"
+
+
+def log_request(handler: web.RequestHandler) -> None:
+    """The access log line of a finished request (the applications' ``log_function``): as
+    tornado's own (INFO below 400, WARNING below 500, ERROR above), with no token in it."""
+    status = handler.get_status()
+    if status < 400:
+        log_method = access_log.info
+    elif status < 500:
+        log_method = access_log.warning
+    else:
+        log_method = access_log.error
+    request_time = 1000.0 * handler.request.request_time()
+    log_method("%d %s %.2fms", status, request_summary(handler.request), request_time)
 
 
 def token_matches(presented: str | None, expected: str) -> bool:
@@ -173,8 +216,9 @@ class JsonErrorsMixin:
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         if isinstance(value, FleetError | web.HTTPError):
             log.info("%s %s -> %s", self.request.method, self.request.path, value)
-        else:
-            super().log_exception(typ, value, tb)  # type: ignore[misc]
+        else:  # as tornado logs it, less the token its request URI may carry
+            summary = request_summary(self.request)
+            app_log.error("Uncaught exception %s", summary, exc_info=(typ, value, tb))
 
 
 class ApiHandler(TokenAuthMixin, JsonErrorsMixin, web.RequestHandler):

@@ -22,7 +22,8 @@ _OWN = KernelAccess.OWN
 
 
 def host_models(handler: GatewayHandler) -> dict[str, dict[str, Any]]:
-    """Every host's admin model by id, GPU counts taken from the same snapshot policies see."""
+    """Every host's admin model by id, GPU counts taken from the same snapshot policies see,
+    and the isolation its agent last reported (null if it never said)."""
     views = {view.id: view for view in handler.kernels.snapshot().hosts}
     return {
         host.id: {
@@ -35,6 +36,7 @@ def host_models(handler: GatewayHandler) -> dict[str, dict[str, Any]]:
                 "committed": views[host.id].gpus_committed,
                 **vanished_gpus(handler, host.id),
             },
+            "isolation": host.isolation,
         }
         for host in handler.hosts.all()
     }

@@ -65,6 +65,7 @@ from kernelfleet.kernels.agent.kernel_process import KernelUser, choose_isolatio
 from kernelfleet.kernels.agent.replicas import ID_PATTERN, ReplicaTable
 from kernelfleet.privileges import mark_non_dumpable
 from kernelfleet.runtime_file import AgentRuntime, remove_runtime, write_runtime
+from kernelfleet.web import log_request
 
 PACKAGED_KERNELSPECS = Path(__file__).resolve().parent / "kernelspecs"
 
@@ -459,6 +460,7 @@ class HostAgentApp(Application):
             token=self.token,
             replicas=self.replicas,
             host_report=self.host_report,
+            log_function=log_request,
         )
         try:
             self.sockets = netutil.bind_sockets(self.port, self.ip)

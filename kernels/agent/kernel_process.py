@@ -135,8 +135,10 @@ class ReplicaFolders:
     The folder itself stays the agent's (mode 0711: its user may enter, nobody may list it),
     with ``kernel.log`` (the agent's, 0600; the kernel writes it through the descriptor it
     inherits) and ``connection.json`` (given to the kernel's user). ``home/`` (HOME, TMPDIR,
-    IPYTHONDIR, the XDG folders) and ``raft/`` (the Raft journal) belong to the kernel's user,
-    mode 0700. The agent never follows a path inside them: a replica could have put links there.
+    IPYTHONDIR, the XDG folders), ``raft/`` (the Raft journal) and ``work/`` (the kernel's working
+    directory when the one it asked for is not writable by its user: `ReplicaTable` decides)
+    belong to the kernel's user, mode 0700. The agent never follows a path inside them: a
+    replica could have put links there.
     """
 
     directory: Path
@@ -145,6 +147,11 @@ class ReplicaFolders:
     @property
     def home(self) -> Path:
         return self.directory / "home"
+
+    @property
+    def work(self) -> Path:
+        """The kernel's private working directory (made by `prepare` for a kernel's own user)."""
+        return self.directory / "work"
 
     def prepare(self) -> dict[str, str]:
         """Create the folders (for `owner`, if any); return the environment that points the
@@ -172,6 +179,7 @@ class ReplicaFolders:
                                                    "XDG_RUNTIME_DIR")]  # fmt: skip
         self._own(home, subfolders)
         self._own(self.directory / "raft", [])
+        self._own(self.work, [])
         return env
 
     def _own(self, folder: Path, inside: list[Path]) -> None:

@@ -41,6 +41,7 @@ from kernelfleet.kernels.agent.kernel_process import (
     wait_ready,
 )
 from kernelfleet.kernels.agent.ports import free_ports
+from kernelfleet.privileges import not_writable_by
 from kernelfleet.protocol import CONNECTION_KEYS, ReplicaEnv
 from kernelfleet.states import Transitions, check_transition
 
@@ -195,6 +196,12 @@ class Replica:
         os.fchmod(fd, 0o600)
         self.log_file = open(fd, "ab")  # noqa: SIM115 (closed by ReplicaTable._discard)
 
+    def note(self, text: str) -> None:
+        """Write a line of the agent's own into kernel.log (opened by `open_log`)."""
+        assert self.log_file is not None
+        self.log_file.write(f"--- kernelfleet: {text}\n".encode())
+        self.log_file.flush()
+
     def move_to(self, state: ReplicaState) -> None:
         self.state = check_transition(_TRANSITIONS, f"replica {self.id}", self.state, state)
 
@@ -335,7 +342,7 @@ class ReplicaTable:
             try:
                 replica.open_log()
                 launch_args: dict[str, Any] = {
-                    "cwd": str(self._kernel_cwd(request)),
+                    "cwd": str(self._kernel_cwd(replica, folders)),
                     "stdout": replica.log_file,
                     "stderr": replica.log_file,
                     **km.launch_options(),
@@ -528,7 +535,24 @@ class ReplicaTable:
             env[ReplicaEnv.RAFT_ADDRESS.value] = replica.raft_address
         return env
 
-    def _kernel_cwd(self, request: ReplicaRequest) -> Path:
+    def _kernel_cwd(self, replica: Replica, folders: ReplicaFolders) -> Path:
+        """Where the kernel starts: the request's ``KERNEL_WORKING_DIR`` if it is a directory
+        here, else the agent's ``root_dir``. A kernel that runs as a user of its own starts
+        there only if that user may create files in it; otherwise in its private
+        ``folders.work``, which kernel.log says once."""
+        wanted = self._wanted_cwd(replica.request)
+        if replica.owner is None:
+            return wanted
+        problem = not_writable_by(wanted, *replica.owner)
+        if problem is None:
+            return wanted
+        replica.note(f"the kernel starts in {folders.work}, not in {wanted}: {problem}")
+        log.info(
+            "replica %s starts in %s, not in %s: %s", replica.id, folders.work, wanted, problem
+        )
+        return folders.work
+
+    def _wanted_cwd(self, request: ReplicaRequest) -> Path:
         wanted = request.env.get("KERNEL_WORKING_DIR")
         if wanted:
             if Path(wanted).is_dir():

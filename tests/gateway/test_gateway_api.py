@@ -8,6 +8,7 @@ from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
 from kernelfleet import __version__
+from kernelfleet.testing import call_json
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -108,9 +109,14 @@ def test_admin_api_shows_hosts_and_kernel_replicas(fleet):
     hosts = fleet.api("GET", "/api/fleet/hosts")
     assert {h["id"] for h in hosts} >= {"host-1", "host-2", "host-3"}
     for host in hosts:
-        assert set(host) == {"id", "address", "state", "gpus"}
+        assert set(host) == {"id", "address", "state", "gpus", "isolation"}
         assert host["gpus"]["total"] == 2
         assert re.match(r"http://127\.0\.0\.1:\d+$", host["address"])
+        agent = call_json(host["address"] + "/api/host", token=fleet.token)[1]
+        assert host["isolation"] == agent["isolation"]  # as the agent says, passed through
+        assert host["isolation"]["kernel_user"] in ("per-kernel", "agent")
+        assert host["isolation"]["why"]
+        assert fleet.api("GET", f"/api/fleet/hosts/{host['id']}")["isolation"] == host["isolation"]
 
     kernel_id = fleet.start_kernel(env={"KERNEL_GPUS": "1"})
     try:

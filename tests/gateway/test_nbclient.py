@@ -34,6 +34,27 @@ async def test_nbclient_runs_a_notebook_on_the_fleet(fleet):
     GatewayClient.clear_instance()
 
 
+async def test_nbclient_starts_the_kernelspec_its_manager_names(fleet):
+    """nbclient calls ``start_kernel()`` with no name: the manager's own kernelspec starts,
+    here the one-GPU variant, whose cells run with a GPU bound."""
+    GatewayClient.instance(url=fleet.url, auth_token=fleet.token)
+    notebook = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell("import os\nprint(os.environ['KERNELFLEET_GPUS'])")]
+    )
+    km = FleetKernelManager(kernel_name="python3-1gpu")
+    try:
+        await NotebookClient(notebook, km=km, timeout=60).async_execute()
+        model = fleet.api("GET", f"/api/kernels/{km.kernel_id}")
+        assert model["name"] == "python3-1gpu"
+        assert fleet.api("GET", f"/api/fleet/kernels/{km.kernel_id}")["gpus"] == 1
+        (bound,) = notebook.cells[0].outputs[0]["text"].split()
+        assert len(bound.split(",")) == 1
+    finally:
+        if km.has_kernel:
+            await km.shutdown_kernel()
+        GatewayClient.clear_instance()
+
+
 def readme_block(after: str) -> str:
     """The first ```python block of README.md after the line `after`."""
     text = (REPO_ROOT / "README.md").read_text()

@@ -114,7 +114,14 @@ def test_live_get_responses_match_the_spec(fleet2, kernel):
 
 
 def test_a_host_report_that_is_not_valid_matches_the_spec(fleet2):
-    for body in [{}, {"address": "ftp://x"}, {"address": "http://x", "gpus": 3}]:
+    bodies = [
+        {},
+        {"address": "ftp://x"},
+        {"address": "http://x", "gpus": 3},
+        {"address": "http://x", "isolation": {"kernel_user": "root", "why": "?"}},
+        {"address": "http://x", "isolation": "per-kernel"},
+    ]
+    for body in bodies:
         status, answer = fleet2.request("PUT", "/api/fleet/hosts/host-9", body)
         assert status == 400, answer
         check("/api/fleet/hosts/{host_id}", "put", status, answer)

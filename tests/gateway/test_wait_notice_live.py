@@ -128,8 +128,6 @@ async def test_a_notebook_saved_after_a_cell_waited_holds_no_notice(one_gpu, tmp
     km = FleetKernelManager(kernel_name="python3-1gpu")
     client = RecordingClient(notebook, km=km, timeout=60)
     client.seen = []
-    # jupyter_server's gateway manager starts "python3" unless told the name in the call
-    await km.start_kernel(kernel_name=km.kernel_name)
     try:
         held = await hold_the_gpu(fleet, holding)
         release = asyncio.ensure_future(release_when_queued(fleet, holder, wait=1.5))
