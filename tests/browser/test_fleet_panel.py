@@ -159,7 +159,20 @@ class Browser:
         self.expect(self.page.locator("body")).to_have_attribute(
             "data-jp-theme-light", "true" if light else "false"
         )
-        # JupyterLab shows its splash screen while it loads the theme's CSS
+        # The attribute changes before the theme's CSS has loaded (JupyterLab shows its splash
+        # screen meanwhile; the panel is transparent in between): wait for the panel's own
+        # opaque background, bright or dark.
+        self.page.wait_for_function(
+            """light => {
+                const panel = document.querySelector('#kernelfleet-panel');
+                const rgb = getComputedStyle(panel).backgroundColor.match(/[0-9.]+/g);
+                if (!rgb || rgb.length !== 3) return false;  // rgba(): not loaded yet
+                const sum = rgb.reduce((a, c) => a + Number(c), 0);
+                return light ? sum > 600 : sum < 200;
+            }""",
+            arg=light,
+            timeout=30_000,
+        )
         self.expect(self.page.locator("#jupyterlab-splash")).to_have_count(0, timeout=30_000)
 
     def shot(self, name: str) -> None:
