@@ -11,8 +11,23 @@ export function gpuStatus(held: IGpusHeld[], waiting: IWaiting | null): string {
   return waiting ? 'waiting for GPU' : 'no GPU';
 }
 
+/** "1 kernel", "2 kernels". */
+export function count(n: number, noun: string): string {
+  return n === 1 ? `1 ${noun}` : `${n} ${noun}s`;
+}
+
 export function gpus(n: number): string {
-  return n === 1 ? '1 GPU' : `${n} GPUs`;
+  return count(n, 'GPU');
+}
+
+/** "1 GPU on host-2 (device 0)", one such part per host, joined by "; ". */
+export function gpusHeldText(held: IGpusHeld[]): string {
+  return held
+    .map(g => {
+      const which = g.devices.length === 1 ? 'device' : 'devices';
+      return `${gpus(g.devices.length)} on ${g.host} (${which} ${g.devices.join(', ')})`;
+    })
+    .join('; ');
 }
 
 export function seconds(s: number | null | undefined): string {
@@ -29,14 +44,18 @@ export function waitingText(waiting: IWaiting): string {
   return `waiting for ${gpus(waiting.gpus)}${ahead}${reason}`;
 }
 
-/** One line per recent cell: where it ran, how long it waited to start, and why. */
+/** One line per recent cell: how long it took to start and why ("waited 13.1 s for 1 GPU (3
+ * cells ahead) · ran on host-4"; "started after 0.0 s on host-1 with 1 GPU"), and whether
+ * it moved. */
 export function cellText(cell: IRecentCell): string {
+  if (cell.started_at === null) {
+    return `not started yet${cell.gpus ? `: needs ${gpus(cell.gpus)}` : ''}`;
+  }
+  const moved = cell.moved_to ? `; moved to ${cell.moved_to}` : '';
+  if (cell.waited) {
+    return `${cell.waited}${moved}${cell.host ? ` · ran on ${cell.host}` : ''}`;
+  }
   const where = cell.host ? ` on ${cell.host}` : '';
   const what = cell.gpus ? ` with ${gpus(cell.gpus)}` : '';
-  const started =
-    cell.started_at === null ? 'not started yet' : `started after ${seconds(cell.start_delay_s)}`;
-  const why = [cell.waited, cell.moved_to ? `moved to ${cell.moved_to}` : null]
-    .filter(Boolean)
-    .join('; ');
-  return `${started}${where}${what}${why ? ` — ${why}` : ''}`;
+  return `started after ${seconds(cell.start_delay_s)}${where}${what}${moved}`;
 }

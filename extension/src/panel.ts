@@ -9,7 +9,7 @@ import { Widget } from '@lumino/widgets';
 
 import { IFleetModel, IKernelModel, ISection } from './api';
 import { h, note, section, table } from './dom';
-import { cellText, gpuStatus, waitingText } from './format';
+import { cellText, count, gpus, gpusHeldText, waitingText } from './format';
 import { FleetPanelModel } from './model';
 
 export const fleetIcon = new LabIcon({
@@ -77,13 +77,16 @@ export class FleetPanel extends Widget {
 
 function kernelSection(kernel: IKernelModel, model: FleetPanelModel): HTMLElement {
   const held = kernel.gpus_held ?? [];
-  const devices = held.map(g => `${g.host}: ${g.devices.join(', ')}`).join('; ');
   const prefix = `${kernel.id.slice(0, 8)}-`; // replica ids start with their kernel's
+  // The executor is a badge by its replica's id, not a column of its own: four columns of
+  // words that do not wrap are wider than the sidebar.
   const replicas = kernel.replicas.map(r => [
-    r.id.startsWith(prefix) ? r.id.slice(prefix.length) : r.id,
+    h('span', '',
+      h('span', 'jp-KernelfleetPanel-id', r.id.startsWith(prefix) ? r.id.slice(prefix.length) : r.id),
+      r.id === kernel.executor ? ' ' : null,
+      r.id === kernel.executor ? h('span', 'jp-KernelfleetPanel-badge', 'executor') : null),
     r.host,
-    h('span', `jp-KernelfleetPanel-state jp-mod-${r.state}`, r.state),
-    r.id === kernel.executor ? 'executor' : ''
+    h('span', `jp-KernelfleetPanel-state jp-mod-${r.state}`, r.state)
   ]);
   const cells = (kernel.recent_cells ?? []).slice(-RECENT_CELLS).reverse();
   return section(
@@ -91,11 +94,11 @@ function kernelSection(kernel: IKernelModel, model: FleetPanelModel): HTMLElemen
     h('dl', 'jp-KernelfleetPanel-facts',
       h('dt', '', 'kernel'), h('dd', '', `${kernel.name} · ${kernel.id.slice(0, 8)}`),
       h('dt', '', 'GPUs now'),
-      h('dd', 'jp-KernelfleetPanel-gpus', held.length ? `${gpuStatus(held, null)} (${devices})` : 'none'),
+      h('dd', 'jp-KernelfleetPanel-gpus', held.length ? gpusHeldText(held) : 'none'),
       h('dt', '', 'per cell'),
-      h('dd', '', kernel.gpus === undefined ? '–' : String(kernel.gpus))),
+      h('dd', '', kernel.gpus === undefined ? '–' : `${gpus(kernel.gpus)} by default`)),
     model.waiting ? note(waitingText(model.waiting), 'jp-KernelfleetPanel-waiting') : null,
-    table(['replica', 'host', 'state', ''], replicas, 'jp-KernelfleetPanel-replicas'),
+    table(['replica', 'host', 'state'], replicas, 'jp-KernelfleetPanel-replicas'),
     cells.length
       ? h('div', 'jp-KernelfleetPanel-cells', h('h4', '', 'Recent cells (newest first)'),
           h('ol', '', ...cells.map(c => h('li', '', cellText(c)))))
@@ -116,7 +119,7 @@ function fleetSection(fleet: IFleetModel, autoscalerEvent: string | null): HTMLE
     : 'not running';
   return section(
     'Fleet',
-    note(`${summary.policy} policy · ${summary.kernels} kernels · GPUs ${summary.gpus.committed} / ` +
+    note(`${summary.policy} policy · ${count(summary.kernels, 'kernel')} · GPUs ${summary.gpus.committed} / ` +
       `${summary.gpus.subscribed} / ${summary.gpus.total}`),
     table(['host', 'state', 'GPUs'], hosts, 'jp-KernelfleetPanel-hosts'),
     note('GPUs: committed (bound to running cells) / subscribed (replicas placed) / total',

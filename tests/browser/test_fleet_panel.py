@@ -2,22 +2,23 @@
 
 JupyterLab (a ``jupyter lab --gateway-url=...`` subprocess) loads this package's prebuilt
 extension (extension/labextension, linked into the server's private data dir as an installed
-wheel puts it into share/jupyter/labextensions). The fleet has three hosts of one GPU each and
-kernels of three replicas; for the live GPU checks, one host with one GPU, and the lab process has
-``KERNEL_GPUS=1`` in its environment, so its kernels ask for 1 GPU per cell (jupyter_server passes
-``KERNEL_*`` variables to the gateway at kernel start; JupyterLab sends no cell metadata with an
-execute_request, so cell metadata cannot carry the GPU count from a browser; ``%%gpus 1`` will).
+wheel puts it into share/jupyter/labextensions). The first test's fleet has three hosts of one
+GPU each and kernels of three replicas (``private_fleet``). The live GPU test runs against
+``kernelfleet up --hosts 1 --gpus-per-host 1 --replicas 1``, as a user starts it, and asks for
+the GPU as a user would, with ``%%gpus 1`` (JupyterLab sends no cell metadata with an
+execute_request).
 
 Headless Chromium (Playwright, Debian's ``/usr/bin/chromium``) opens a notebook, opens the panel
 from the status bar, and checks the kernel's replicas, the fleet's hosts and "no GPU"; a cell that
 sleeps shows "GPU x1 · host-1" while it runs and "no GPU" after; a second notebook holding the only
-GPU makes a cell wait, and panel and status bar say so. Screenshots, light and dark, land in
-``test-output/browser/``.
+GPU makes a cell wait, panel and status bar say so, and once it ran the panel's recent cells say
+how long it waited. Screenshots, light and dark, land in ``test-output/browser/``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from typing import Any
 import pytest
 
 import kernelfleet.extension
-from kernelfleet.testing import Fleet, free_port, wait_for
+from kernelfleet.testing import Fleet, Up, free_port, wait_for
 from tests.browser.test_jupyterlab import CHROMIUM, CHROMIUM_ARGS, OUTPUT_DIR, Lab, write_json
 
 pytestmark = [
@@ -42,6 +43,7 @@ pytestmark = [
 ]
 LABEXTENSION = Path(kernelfleet.extension.__file__).resolve().parent / "labextension"
 GPU_ON_HOST_1 = "GPU \N{MULTIPLICATION SIGN}1 · host-1"
+WAITED = re.compile(r"^waited \d+\.\d s for 1 GPU · ran on host-1$")
 THEME_SETTINGS = ("@jupyterlab", "apputils-extension", "themes.jupyterlab-settings")
 
 
@@ -51,7 +53,7 @@ def start_lab(tmp_path: Path) -> Iterator[Callable[..., Lab]]:
     on `fleet`, with `env` added to its environment."""
     labs: list[Lab] = []
 
-    def start(fleet: Fleet, **extra_env: str) -> Lab:
+    def start(fleet: Fleet | Up, **extra_env: str) -> Lab:
         assert (LABEXTENSION / "package.json").is_file(), (
             "the labextension is not built: pip install -e . (or jlpm build in extension/)"
         )
@@ -147,6 +149,32 @@ class Browser:
         self.expect(editor).to_have_text(code, use_inner_text=True)
         self.page.keyboard.press("Shift+Enter")
 
+    def theme(self, name: str) -> None:
+        """Switch the theme from the Settings menu, as a user does (no reload)."""
+        self.page.get_by_role("menuitem", name="Settings").click()
+        for label in ("Theme", name):
+            item = self.page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{label}$"))
+            item.click()
+        light = name == "JupyterLab Light"
+        self.expect(self.page.locator("body")).to_have_attribute(
+            "data-jp-theme-light", "true" if light else "false"
+        )
+        # The attribute changes before the theme's CSS has loaded (JupyterLab shows its splash
+        # screen meanwhile; the panel is transparent in between): wait for the panel's own
+        # opaque background, bright or dark.
+        self.page.wait_for_function(
+            """light => {
+                const panel = document.querySelector('#kernelfleet-panel');
+                const rgb = getComputedStyle(panel).backgroundColor.match(/[0-9.]+/g);
+                if (!rgb || rgb.length !== 3) return false;  // rgba(): not loaded yet
+                const sum = rgb.reduce((a, c) => a + Number(c), 0);
+                return light ? sum > 600 : sum < 200;
+            }""",
+            arg=light,
+            timeout=30_000,
+        )
+        self.expect(self.page.locator("#jupyterlab-splash")).to_have_count(0, timeout=30_000)
+
     def shot(self, name: str) -> None:
         OUTPUT_DIR.mkdir(parents=True, exist_ok=True)
         self.page.screenshot(path=str(OUTPUT_DIR / f"fleet-panel-{name}.png"))
@@ -178,6 +206,15 @@ def browse(lab: Lab, steps: Callable[[Browser], None]) -> None:
                 (OUTPUT_DIR / "fleet-panel-console.log").write_text("\n".join(console) + "\n")
         finally:
             browser.close()
+
+
+def assert_inside_the_panel(user: Browser, rows: Any) -> None:
+    """Nothing in `rows` reaches past the panel's right edge (where the sidebar clips it)."""
+    right = user.panel.evaluate("e => e.getBoundingClientRect().right")
+    for cell in rows.locator("td").all():
+        assert cell.evaluate("e => e.getBoundingClientRect().right") <= right, (
+            f"{cell.inner_text()!r} is clipped at the panel's right edge"
+        )
 
 
 def kernel_of(lab: Lab) -> str:
@@ -233,27 +270,40 @@ def test_panel_shows_the_notebooks_kernel_and_the_fleet(
 
 
 def test_panel_and_status_bar_follow_the_gpus_live(
-    private_fleet: Callable[..., Fleet], start_lab: Callable[..., Lab]
+    kernelfleet_up: Callable[..., Up], start_lab: Callable[..., Lab]
 ) -> None:
-    """One host with one GPU; cells ask for it with ``%%gpus 1``, as a user would."""
-    fleet = private_fleet(hosts=1, gpus=1, replicas=1)
-    lab = start_lab(fleet)
+    """Against ``kernelfleet up`` with one host of one GPU; cells ask for it with ``%%gpus 1``,
+    as a user would, and a second notebook's cell keeps it busy so that one waits."""
+    up = kernelfleet_up("--hosts", "1", "--gpus-per-host", "1", "--replicas", "1")
+    lab = start_lab(up)
 
     def steps(user: Browser) -> None:
         expect = user.expect
         first = user.new_notebook()
-        user.status.click()
+        expect(user.status).to_have_text("no GPU", timeout=30_000)
+        expect(user.panel).to_be_hidden()
+        user.status.click()  # the status-bar item opens the panel
+        expect(user.panel).to_be_visible()
         gpus_now = user.panel.locator(".jp-KernelfleetPanel-gpus")
         expect(gpus_now).to_have_text("none", timeout=30_000)
 
         user.run(first, "%fleet")
+        kernel_id = kernel_of(lab)
         shown = first.locator(".jp-OutputArea-output").last
-        expect(shown).to_contain_text(kernel_of(lab)[:8], timeout=30_000)
+        expect(shown).to_contain_text(kernel_id[:8], timeout=30_000)
         expect(shown).to_contain_text("host-1")
+        (replica,) = up.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+        replicas = user.panel.locator(".jp-KernelfleetPanel-replicas tbody tr")
+        expect(replicas).to_have_count(1)
+        expect(replicas).to_contain_text(replica["id"].rsplit("-", 1)[-1])
+        expect(replicas).to_contain_text("host-1")
+        expect(replicas).to_contain_text("executor", timeout=15_000)
 
         user.run(first, "%%gpus 1\nimport time; time.sleep(6); print('slept')")
         expect(user.status).to_have_text(GPU_ON_HOST_1, timeout=15_000)
-        expect(gpus_now).to_contain_text("host-1")
+        expect(gpus_now).to_have_text("1 GPU on host-1 (device 0)")
+        expect(replicas.locator(".jp-KernelfleetPanel-state")).to_have_text("executing")
+        assert_inside_the_panel(user, replicas)
         user.shot("gpu-bound")
         expect(first.locator(".jp-OutputArea-output").last).to_contain_text(
             "ran on 1 GPU", timeout=30_000
@@ -271,9 +321,19 @@ def test_panel_and_status_bar_follow_the_gpus_live(
             "waiting for 1 GPU"
         )
         user.shot("waiting")
+        user.theme("JupyterLab Dark")
+        expect(user.status).to_have_text("waiting for GPU")
+        user.shot("waiting-dark")
+        user.theme("JupyterLab Light")
+
+        # The second notebook's cell ends, the GPU is released and the waiting cell runs.
         expect(first.locator(".jp-OutputArea-output").last).to_contain_text(
             "got the GPU", timeout=60_000
         )
-        expect(user.panel.locator(".jp-KernelfleetPanel-cells")).to_contain_text("waited")
+        expect(user.status).to_have_text("no GPU", timeout=10_000)
+        expect(user.panel.locator(".jp-KernelfleetPanel-waiting")).to_have_count(0)
+        newest = user.panel.locator(".jp-KernelfleetPanel-cells li").first
+        expect(newest).to_have_text(WAITED, timeout=10_000)
+        user.shot("waited")
 
     browse(lab, steps)
