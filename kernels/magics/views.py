@@ -93,6 +93,11 @@ def seconds(value: Any) -> str:
     return f"{int(value // 60)} min {int(value % 60)} s"
 
 
+def counted(count: int, noun: str) -> str:
+    """``1 host``, ``3 hosts``: `noun` with a plain English plural."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def gpus_phrase(count: int) -> str:
     return f"{count} GPU" if count == 1 else f"{count} GPUs"
 
@@ -139,7 +144,7 @@ def _kernel_note(model: dict[str, Any], held: dict[Any, list[Any]], now: float |
         bound = [f"{len(d)} on {host} ({devices_text(d)})" for host, d in held.items() if d]
         parts.append("holding " + "; ".join(bound) if bound else "no GPU bound now")
     if isinstance(model.get("queued_cells"), int):
-        parts.append(f"{model['queued_cells']} queued cell(s)")
+        parts.append(counted(model["queued_cells"], "queued cell"))
     last = model.get("last_activity")
     if isinstance(last, int | float):
         parts.append(f"last activity {seconds((now or time.time()) - last)} ago")
@@ -188,7 +193,7 @@ def hosts_view(hosts: Sequence[dict[str, Any]]) -> View:
         for h in hosts
     )
     header = ("host", "state", "GPUs committed", "subscribed", "total", "vanished")
-    return View(Section(f"{len(hosts)} host(s)", "", header, rows))
+    return View(Section(counted(len(hosts), "host"), "", header, rows))
 
 
 def policy_view(fleet: dict[str, Any]) -> View:
@@ -233,7 +238,7 @@ def events_view(events: Sequence[dict[str, Any]]) -> View:
         for event in events
     )
     header = ("#", "time", "event", "host", "details")
-    return View(Section(f"last {len(events)} event(s)", "", header, rows))
+    return View(Section(f"last {counted(len(events), 'event')}", "", header, rows))
 
 
 def _clock(value: Any) -> str:
@@ -262,4 +267,4 @@ def tools_view(tools: Sequence[Any]) -> View:
         (t.group.rsplit(".", 1)[-1], t.name, t.provider, t.value, t.status or "-") for t in tools
     )
     header = ("kind", "name", "provided by", "entry point", "status")
-    return View(Section(f"{len(tools)} tool entry point(s)", "", header, rows))
+    return View(Section(counted(len(tools), "tool entry point"), "", header, rows))
