@@ -12,7 +12,9 @@ Headless Chromium (Playwright, Debian's ``/usr/bin/chromium``) opens a notebook,
 from the status bar, and checks the kernel's replicas, the fleet's hosts and "no GPU"; a cell that
 sleeps shows "GPU x1 · host-1" while it runs and "no GPU" after; a second notebook holding the only
 GPU makes a cell wait, panel and status bar say so, and once it ran the panel's recent cells say
-how long it waited. Screenshots, light and dark, land in ``test-output/browser/``.
+how long it waited. A gateway killed under an open panel is shown as "gateway unreachable", and
+the panel recovers by itself when a gateway answers again. Screenshots, light and dark, land in
+``test-output/browser/``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -335,5 +338,36 @@ def test_panel_and_status_bar_follow_the_gpus_live(
         newest = user.panel.locator(".jp-KernelfleetPanel-cells li").first
         expect(newest).to_have_text(WAITED, timeout=10_000)
         user.shot("waited")
+
+    browse(lab, steps)
+
+
+def test_panel_says_the_gateway_is_unreachable_and_recovers_by_itself(
+    private_fleet: Callable[..., Fleet], start_lab: Callable[..., Lab]
+) -> None:
+    """The gateway dies while the panel is open: the panel and the status bar say "gateway
+    unreachable"; a gateway started again on the same port is picked up without a click."""
+    fleet = private_fleet(hosts=1, gpus=1, replicas=1)
+    lab = start_lab(fleet)
+
+    def steps(user: Browser) -> None:
+        expect = user.expect
+        user.new_notebook()
+        user.status.click()
+        hosts = user.panel.locator(".jp-KernelfleetPanel-hosts tbody tr")
+        expect(hosts).to_have_count(1, timeout=30_000)
+
+        assert fleet.gateway is not None
+        port = int(fleet.url.rsplit(":", 1)[1])
+        os.killpg(fleet.gateway.pid, signal.SIGKILL)
+        fleet.gateway.wait(20)
+        expect(user.panel).to_contain_text("gateway unreachable", timeout=20_000)
+        expect(user.status).to_have_text("gateway unreachable")
+        user.shot("unreachable")
+
+        fleet.start_gateway(*fleet.gateway_args, port=port)
+        expect(user.panel).not_to_contain_text("gateway unreachable", timeout=40_000)
+        expect(hosts).to_have_count(1, timeout=30_000)
+        expect(hosts).to_contain_text("host-1")
 
     browse(lab, steps)
