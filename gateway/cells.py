@@ -115,7 +115,6 @@ class Cell:
     """Whether its replica began it (announced the code with ``execute_input``)."""
     excluded: set[str] = field(default_factory=set)
     """Replicas that were sent the cell and could not run it (lost, or cut off)."""
-    status_shown: bool = False
     gpus_used: int = 0
     """The GPUs it was given (its own need, else its kernel's), once assigned."""
     host_id: str | None = None
