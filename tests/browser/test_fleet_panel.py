@@ -166,17 +166,22 @@ class Browser:
         # screen meanwhile; the panel is transparent in between): wait for the panel's own
         # opaque background, bright or dark.
         self.page.wait_for_function(
-            """light => {
-                const panel = document.querySelector('#kernelfleet-panel');
-                const rgb = getComputedStyle(panel).backgroundColor.match(/[0-9.]+/g);
+            """light => ['#kernelfleet-panel', '.jp-DirListing-content'].every(selector => {
+                const element = document.querySelector(selector);
+                if (!element) return true;
+                const rgb = getComputedStyle(element).backgroundColor.match(/[0-9.]+/g);
                 if (!rgb || rgb.length !== 3) return false;  // rgba(): not loaded yet
                 const sum = rgb.reduce((a, c) => a + Number(c), 0);
                 return light ? sum > 600 : sum < 200;
-            }""",
+            })""",
             arg=light,
             timeout=30_000,
         )
         self.expect(self.page.locator("#jupyterlab-splash")).to_have_count(0, timeout=30_000)
+        # and let two frames paint the new colours before any screenshot
+        self.page.evaluate(
+            "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+        )
 
     def shot(self, name: str) -> None:
         OUTPUT_DIR.mkdir(parents=True, exist_ok=True)
