@@ -153,6 +153,15 @@ class ReplicaFolders:
         """The kernel's private working directory (made by `prepare` for a kernel's own user)."""
         return self.directory / "work"
 
+    @property
+    def user_site(self) -> Path:
+        """Where ``pip install --user`` puts packages for this interpreter (``site``'s user
+        site-packages under ``home/``). Made in advance: Python puts it on ``sys.path`` at start
+        only if it exists, and ``%pip install`` in a kernel that cannot write the environment
+        installs there (so the running kernel imports what it installed)."""
+        version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        return self.home / ".local" / "lib" / version / "site-packages"
+
     def prepare(self) -> dict[str, str]:
         """Create the folders (for `owner`, if any); return the environment that points the
         kernel's per-user files into ``home/`` (nothing when the kernel runs as the agent)."""
@@ -177,7 +186,7 @@ class ReplicaFolders:
         subfolders = [Path(env[name]) for name in ("TMPDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME",
                                                    "XDG_DATA_HOME", "XDG_STATE_HOME",
                                                    "XDG_RUNTIME_DIR")]  # fmt: skip
-        self._own(home, subfolders)
+        self._own(home, [*subfolders, self.user_site])
         self._own(self.directory / "raft", [])
         self._own(self.work, [])
         return env

@@ -99,6 +99,36 @@ async def test_a_kernel_of_its_own_user_writes_files_in_its_working_directory(
     assert "the kernel starts in" not in (replica_dir(fleet, writable) / "kernel.log").read_text()
 
 
+INSTALL_AND_IMPORT = """
+import os, site, sys
+with open(os.path.join(site.getusersitepackages(), "kf_user_module.py"), "w") as f:
+    f.write("ANSWER = 42\\n")  # what `pip install --user` does, without an index to reach
+import kf_user_module
+print(kf_user_module.ANSWER, site.getusersitepackages() in sys.path)
+"""
+
+
+@as_root
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_a_kernel_of_its_own_user_imports_what_it_installed_for_its_user(
+    private_fleet: Callable[..., Fleet],
+) -> None:
+    """``%pip install`` in a kernel that cannot write the environment installs for its user;
+    that folder is on ``sys.path`` from the start, so the running kernel imports it."""
+    fleet = private_fleet(hosts=1, gpus=0, replicas=1)
+    if not choose_isolation(KernelUser.AUTO, fleet.state_dir / "host-1" / "replicas").per_kernel:
+        pytest.skip("kernels run as the agent's user here")
+    kernel_id = fleet.start_kernel()
+    ws = await fleet.connect(kernel_id)
+    try:
+        result = await ws.execute(INSTALL_AND_IMPORT, timeout=60)
+    finally:
+        ws.close()
+    assert result.reply["status"] == "ok", result.reply
+    assert result.stdout == "42 True\n"
+
+
 @as_root
 def test_not_writable_by_reads_the_mode_bits_of_the_users_class(folder: Path) -> None:
     uid = kernel_uid("cwd-test")
