@@ -62,7 +62,13 @@ class Admission:
         """The host for one new replica of `kernel`, among those not in `avoiding` (the hosts
         of its other replicas); `NoCapacity` if none will do."""
         request = PlacementRequest(kernel.id, gpus=kernel.gpus)
-        return self._policy.place(self._fleet.snapshot_without(avoiding), request).host_ids[0]
+        snapshot = self._fleet.snapshot_without(avoiding)
+        if not snapshot.alive_hosts() and self._fleet.snapshot().alive_hosts():
+            raise NoCapacity(
+                f"every live host holds a replica of kernel {kernel.id} already "
+                f"({', '.join(sorted(avoiding))}): a new one waits for another host"
+            )
+        return self._policy.place(snapshot, request).host_ids[0]
 
     @staticmethod
     def _request(kernel: KernelRecord) -> PlacementRequest:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 
 import zmq.asyncio
@@ -41,6 +42,11 @@ from kernelfleet.gateway.replication import Member, change_members, join_group, 
 from kernelfleet.protocol import ForgetContent, Request
 
 log = logging.getLogger("kernelfleet.gateway.kernels")
+
+REPAIR_RETRY = 2.0
+"""Seconds before a replacement that failed is tried again (then twice as long each time)."""
+REPAIR_RETRY_MAX = 30.0
+"""The longest wait between two tries at replacing a lost replica."""
 
 
 class GroupKeeper:
@@ -100,22 +106,49 @@ class GroupKeeper:
             self._background.run(self._repair(kernel, replica))
 
     async def _repair(self, kernel: KernelRecord, lost: ReplicaRecord) -> None:
-        """Fail over if `lost` ran the kernel, then replace it so the group has its size back."""
-        async with kernel.lifecycle:
-            if not self._kernels.is_current(kernel) or lost not in kernel.replicas:
+        """Fail over if `lost` ran the kernel, then replace it so the group has its size back.
+
+        A replacement that cannot be placed or started now is tried again, `REPAIR_RETRY`
+        seconds later at first, then less often (up to `REPAIR_RETRY_MAX`), for as long as the
+        kernel lives and still misses the replica: hosts may come back or be added meanwhile.
+        Between tries the kernel's lifecycle lock is free (it may be shut down or restarted)."""
+        async with self._lifecycle_if_current(kernel, lost) as current:
+            if not current:
                 return  # shut down or restarted meanwhile
             kernel.lost_replicas.append(lost.id)
             if kernel.link is not None:
                 kernel.link.remove_replica(lost.id, f"the replica running it ({lost.id}) was lost")
-            try:
-                await self._forget(kernel, lost)
-                new = await self._replace(kernel, lost)
-                self._moved(EventType.REPLICA_REPLACED, kernel, lost, new)
-            except FleetError as e:
-                live = len(kernel.live_replicas())
-                log.error("kernel %s: runs on %d replica(s); repair failed: %s", kernel.id, live, e)
-            finally:
-                self._kernels.persist()
+            await self._forget(kernel, lost)
+        delay, said = REPAIR_RETRY, ""
+        while True:
+            async with self._lifecycle_if_current(kernel, lost) as current:
+                if not current or kernel.dead:
+                    return
+                try:
+                    new = await self._replace(kernel, lost)
+                except FleetError as e:
+                    if e.message != said:  # the same cause again: said already
+                        live = len(kernel.live_replicas())
+                        log.error(
+                            "kernel %s: runs on %d replica(s); replacing %s failed, tried again "
+                            "while it lasts: %s", kernel.id, live, lost.id, e,
+                        )  # fmt: skip
+                        said = e.message
+                else:
+                    self._moved(EventType.REPLICA_REPLACED, kernel, lost, new)
+                    return
+                finally:
+                    self._kernels.persist()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, REPAIR_RETRY_MAX)
+
+    @contextlib.asynccontextmanager
+    async def _lifecycle_if_current(
+        self, kernel: KernelRecord, lost: ReplicaRecord
+    ) -> AsyncIterator[bool]:
+        """Hold the kernel's lifecycle lock; yield whether `lost` still needs replacing."""
+        async with kernel.lifecycle:
+            yield self._kernels.is_current(kernel) and lost in kernel.replicas
 
     async def _forget(self, kernel: KernelRecord, lost: ReplicaRecord) -> None:
         """Tell the live replicas not to wait for a delta `lost` may have owed."""
@@ -254,15 +287,18 @@ class GroupKeeper:
         host_id: str | None = None,
         old_alive: bool = False,
     ) -> ReplicaRecord:
-        """Launch a replica on `host_id` (default: where the policy places it among hosts the
-        kernel does not use), swap it into the group in place of `old`, and let it catch up
-        from the log (its state is ``catching-up`` until then).
+        """Launch a replica on `host_id` (default: where the policy places it among hosts
+        that hold no other replica of the kernel: a dead `old`'s own host may), swap it into
+        the group in place of `old`, and let it catch up from the log
+        (its state is ``catching-up`` until then).
 
         A dead `old` leaves the group first. A live one may be the Raft leader, which cannot
         be removed while it leads: it stays a member, for the caller to stop and then remove
         (`_remove_member`)."""
         if host_id is None:
-            used = {replica.host_id for replica in kernel.replicas}
+            # Not beside another live replica of the kernel; a dead one's host (still alive,
+            # say, after its process was killed) may take its successor.
+            used = {r.host_id for r in kernel.replicas if old_alive or r is not old}
             host_id = self._admission.place_replica(kernel, used)
         new = await self._launcher.launch(kernel, host_id, joining=True)
         index = kernel.replicas.index(old)
