@@ -136,14 +136,22 @@ class Browser:
     def new_notebook(self, new_launcher: bool = False) -> Any:
         """A new Python notebook from the launcher (a new one: `new_launcher`), once its
         kernel is idle."""
+        before = len(self.sessions())
         if new_launcher:
             self.page.locator(".lm-DockPanel-tabBar .lm-TabBar-addButton").first.click()
         card = self.page.locator('.jp-LauncherCard[data-category="Notebook"]:visible').first
         card.click(timeout=90_000)
+        # Its own session first: the status bar's "Idle" may still be another notebook's, and
+        # JupyterLab drops a cell run before the notebook's session has a kernel.
+        wait_for(lambda: len(self.sessions()) > before, 90, "the new notebook's session")
         notebook = self.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
         idle = self.page.locator(".jp-StatusBar-TextItem", has_text="| Idle")
         self.expect(idle.first).to_be_visible(timeout=90_000)
         return notebook
+
+    def sessions(self) -> list[Any]:
+        status, sessions = self.lab.request("GET", "/api/sessions")
+        return sessions if status == 200 and isinstance(sessions, list) else []
 
     def run(self, notebook: Any, code: str) -> None:
         editor = notebook.locator(".jp-Cell .jp-InputArea-editor .cm-content").last
