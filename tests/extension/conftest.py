@@ -1,17 +1,5 @@
-import pytest
-from jupyter_server.gateway.gateway_client import GatewayClient
+"""The extension's tests run jupyter_server in gateway mode as the gateway tests do."""
 
+from tests.gateway.conftest import _fresh_gateway_client, jp_server_config
 
-@pytest.fixture
-def jp_server_config(fleet):
-    """A real jupyter_server in gateway mode, pointed at the shared fleet, with our extension."""
-    return {
-        "ServerApp": {"jpserver_extensions": {"kernelfleet.extension": True}},
-        "GatewayClient": {"url": fleet.url, "auth_token": fleet.token, "request_timeout": 60.0},
-    }
-
-
-@pytest.fixture(autouse=True)
-def _fresh_gateway_client():
-    yield
-    GatewayClient.clear_instance()
+__all__ = ["_fresh_gateway_client", "jp_server_config"]
