@@ -1,22 +1,45 @@
 """Where a kernel's replicas go: the policy's placement, waiting for capacity that can come.
 
-`Admission` asks `Policy.admit` over the `FleetView`'s snapshot; while the policy would wait
-for hosts the autoscaler can add (or for capacity on a fleet that can grow), the kernel waits
-here, up to the launch timeout, with its GPUs counted as waiting demand.
+`Admission` asks `Policy.admit` over the `FleetView`'s snapshot. A kernel waits here, up to the
+launch timeout, with its GPUs counted as waiting demand, while hosts may still come: fewer
+hosts have registered than it needs replicas (a gateway started beside its agents, or
+restarted, answers before they register), or the policy waits for hosts the autoscaler can add
+(or for capacity on a fleet that can grow). A request no host of the fleet can ever meet is
+refused at once with `NeverFits`, a 4xx (a 503 would look worth retrying, and jupyter_server
+retries it); a full fleet that cannot grow refuses with `NoCapacity` at once, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
-from kernelfleet.errors import NoCapacity
+from kernelfleet.errors import InvalidRequest, NoCapacity
 from kernelfleet.gateway.fleet_view import FleetView
 from kernelfleet.gateway.records import KernelRecord
-from kernelfleet.scheduler import Placement, PlacementRequest, Policy, Queue, Reject
+from kernelfleet.scheduler import (
+    FleetSnapshot,
+    Placement,
+    PlacementRequest,
+    Policy,
+    Queue,
+    Reject,
+)
+from kernelfleet.scheduler.decisions import AdmitDecision
+
+log = logging.getLogger("kernelfleet.gateway.kernels")
 
 ADMISSION_RECHECK = 0.5
 """Seconds between asking the policy again for a kernel waiting to be placed."""
+
+START_HOSTS = "start them with 'kernelfleet host'"
+
+
+class NeverFits(InvalidRequest):
+    """A kernel request no host of this fleet can ever meet, however long it waits."""
+
+    reason = "never-fits"
 
 
 class Admission:
@@ -26,24 +49,34 @@ class Admission:
         self._policy = policy
         self._fleet = fleet
         self._launch_timeout = launch_timeout
+        self.max_hosts = 0
+        """Most hosts the fleet can ever have (the autoscaler's limit); 0: not known."""
 
     async def admit(self, kernel: KernelRecord) -> Placement:
-        """Where the policy places a new kernel. While it asks for hosts the autoscaler can add
-        (or waits for capacity on a fleet that can grow), wait, up to the launch timeout,
-        with the kernel's GPUs counted as waiting demand; then `NoCapacity` saying why."""
+        """Where the policy places a new kernel; waits (see the module docstring) up to the
+        launch timeout, then `NoCapacity` saying what it waited for. `NeverFits` at once for
+        a request the fleet can never meet; `NoCapacity` at once when the fleet has the hosts
+        but not the room, and cannot grow."""
         request = self._request(kernel)
         deadline = time.monotonic() + self._launch_timeout
+        said = ""
         try:
             while True:
                 snapshot = self._fleet.snapshot()
                 decision = self._policy.admit(snapshot, request)
                 if isinstance(decision, Placement):
+                    if said:
+                        log.info("kernel %s: placed after waiting", kernel.id)
                     return decision
+                self._check_fits(kernel, decision)
                 grows = snapshot.gpus_per_host > 0 or snapshot.hosts_pending > 0
-                if isinstance(decision, Reject) or not grows:
+                if not grows and not self._hosts_short(snapshot, request):
                     return self._policy.place(snapshot, request)  # raises NoCapacity: why
+                why = self._waiting_for(snapshot, request, decision)
+                if why != said:
+                    log.info("kernel %s waits: %s", kernel.id, why)
+                    said = why
                 if time.monotonic() > deadline:
-                    why = decision.detail if isinstance(decision, Queue) else "hosts are missing"
                     raise NoCapacity(
                         f"kernel {kernel.id}: no host could take it within "
                         f"{self._launch_timeout:.0f} s ({why})"
@@ -52,6 +85,46 @@ class Admission:
                 await asyncio.sleep(ADMISSION_RECHECK)
         finally:
             self._fleet.admitted(kernel.id)
+
+    def _check_fits(self, kernel: KernelRecord, decision: AdmitDecision) -> None:
+        """`NeverFits` if the policy rejects the kernel (waiting would not help), or its
+        replicas need more distinct hosts than the fleet can ever have."""
+        if isinstance(decision, Reject):
+            detail = f": {decision.detail}" if decision.detail else ""
+            raise NeverFits(
+                f"kernel {kernel.id} can never start on this fleet ({decision.reason.value}"
+                f"{detail}); ask for fewer GPUs (KERNEL_GPUS, or a smaller GPU kernelspec)"
+            )
+        if self.max_hosts and kernel.replicas_wanted > self.max_hosts:
+            raise NeverFits(
+                f"kernel {kernel.id} can never start on this fleet: its "
+                f"{kernel.replicas_wanted} replicas need as many distinct hosts, and the fleet "
+                f"has at most {self.max_hosts} (its max_hosts); give the gateway fewer "
+                "--replicas or more --max-hosts"
+            )
+
+    @staticmethod
+    def _hosts_short(snapshot: FleetSnapshot, request: PlacementRequest) -> bool:
+        """Whether fewer hosts are alive than the request has replicas: more may register."""
+        return len(snapshot.alive_hosts()) < max(request.replicas, 1)
+
+    @staticmethod
+    def _waiting_for(
+        snapshot: FleetSnapshot, request: PlacementRequest, decision: AdmitDecision
+    ) -> str:
+        """What the kernel waits for, as a user should read it."""
+        alive, wanted = len(snapshot.alive_hosts()), max(request.replicas, 1)
+        if alive == 0 and snapshot.hosts_pending == 0:
+            return f"no host agent is alive yet: {START_HOSTS}"
+        if alive < wanted:
+            return (
+                f"it needs {wanted} host(s) and {alive} are alive"
+                + (f", {snapshot.hosts_pending} being added" if snapshot.hosts_pending else "")
+                + (f": {START_HOSTS}" if not snapshot.hosts_pending else "")
+            )
+        if isinstance(decision, Queue):
+            return decision.reason.value + (f": {decision.detail}" if decision.detail else "")
+        return "hosts are being added"
 
     def place(self, kernel: KernelRecord) -> Placement:
         """Where the policy places the kernel's replicas now (a restart): `NoCapacity` if

@@ -33,7 +33,7 @@ from kernelfleet.gateway.kernel_service import KernelService
 from kernelfleet.gateway.kernel_tokens import KernelTokens
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
 from kernelfleet.gateway.records import ReplicationSettings
-from kernelfleet.gateway.store import KernelStore
+from kernelfleet.gateway.store import KernelStore, StateUnreadable
 from kernelfleet.kernels.objectstore import prepare_shared_root
 from kernelfleet.privileges import mark_non_dumpable
 from kernelfleet.runtime_file import GatewayRuntime, remove_runtime, write_runtime
@@ -138,6 +138,14 @@ class GatewayApp(Application):
     )
     heartbeat_timeout = Float(
         5.0, config=True, help="Seconds without a heartbeat after which a host is marked lost."
+    )
+    recovery_grace = Float(
+        60.0,
+        config=True,
+        help="After a restart, seconds the gateway waits for the hosts of the kernels it finds "
+        "in its state dir to report. Meanwhile those kernels are listed as 'starting' and "
+        "websockets to them wait; a replica whose host reports without it, or does not come "
+        "back within this time, is known dead (the log says which).",
     )
     check_ledger = Bool(
         config=True,
@@ -244,6 +252,7 @@ class GatewayApp(Application):
         self.init_logging()
         self.init_state_dir()
         self.init_services()
+        self.init_kernels()
         self.init_webapp()
 
     def init_logging(self) -> None:
@@ -317,6 +326,15 @@ class GatewayApp(Application):
         self.kernels.metrics.registry.on_collect(self._collect_gpu_metrics)
         self.kernelspecs = kernelspecs
 
+    def init_kernels(self) -> None:
+        """List the kernels a previous gateway left (`KernelService.restore`) before the first
+        request is answered; exit 2, naming the file, if its state cannot be read."""
+        try:
+            self.kernels.restore()
+        except StateUnreadable as e:
+            self.log.critical("%s", e)
+            self.exit(2)
+
     def _largest_host_gpus(self) -> int:
         """GPUs of the largest host a cell could run on now, or that the autoscaler could add."""
         return self.kernels.snapshot().host_size
@@ -343,6 +361,7 @@ class GatewayApp(Application):
             replicas=self.replicas,
             autoscaling=lambda: None if self.autoscaler is None else self.autoscaler.model(),
             metrics=self.kernels.metrics.registry,
+            relink_timeout=self.recovery_grace + self.launch_timeout,
             websocket_max_message_size=1 << 30,
             log_function=log_request,
         )
@@ -371,11 +390,11 @@ class GatewayApp(Application):
         write_runtime(self.state_dir, GatewayRuntime(self.local_url(), self.port, os.getpid()))
         watcher = asyncio.create_task(self._watch_hosts(stop))
         sampler = asyncio.create_task(self._sample_usage(stop))
-        recovery = asyncio.create_task(self.kernels.recover(grace=self.heartbeat_timeout))
+        recovery = asyncio.create_task(self.kernels.recover(grace=self.recovery_grace))
         scaling = None
         if self.autoscale:
             self.autoscaler = self._autoscaler(self._host_provider())
-            scaling = asyncio.create_task(self._autoscale(self.autoscaler, stop))
+            scaling = asyncio.create_task(self._autoscale(self.autoscaler, stop, recovery))
         await stop.wait()
         log.info("gateway stopping")
         remove_runtime(self.state_dir)
@@ -436,15 +455,20 @@ class GatewayApp(Application):
             hosts=self.hosts,
             events=self.events,
         )
-        self.kernels.grow_with(autoscaler)
+        self.kernels.grow_with(autoscaler, autoscaling.max_hosts)
         return autoscaler
 
-    async def _autoscale(self, autoscaler: Autoscaler, stop: asyncio.Event) -> None:
-        """Autoscaling rounds until `stop`, the first after one heartbeat timeout: by then the
-        hosts already running (started beside the gateway, or left by a previous one) have
-        registered, and are not mistaken for missing ones."""
+    async def _autoscale(
+        self, autoscaler: Autoscaler, stop: asyncio.Event, recovery: asyncio.Task[None]
+    ) -> None:
+        """Autoscaling rounds until `stop`, the first after one heartbeat timeout and once the
+        kernels of a previous gateway are re-linked: by then the hosts already running
+        (started beside the gateway, or left by a previous one) have registered and their
+        replicas are counted, so none is mistaken for missing or idle."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), self.heartbeat_timeout)
+        with contextlib.suppress(Exception):
+            await asyncio.shield(recovery)
         await autoscaler.run(self.autoscale_interval, stop)
 
     async def _watch_hosts(self, stop: asyncio.Event) -> None:

@@ -105,6 +105,8 @@ class KernelService:
         self.ledger = GpuLedger(check_ledger, self._ledger_breached)
         self._chooser = ExecutorChooser(policy, self.ledger, self, self.metrics, self.events)
         self._kernels = KernelTable(store)
+        self._relinking: dict[str, asyncio.Event] = {}
+        """Kernels `restore` listed that `recover` has not re-linked yet: set once it has."""
         self._fleet = FleetView(hosts, self.ledger, self._chooser, usage or UsageWindow(1))
         self._admission = Admission(policy, self._fleet, launch_timeout)
         self._linker = KernelLinker(
@@ -170,9 +172,11 @@ class KernelService:
         """Add the current demand and busy GPUs to the usage window (`FleetView`)."""
         self._fleet.sample_usage()
 
-    def grow_with(self, growth: HostGrowth) -> None:
-        """Tell policies from now on the hosts `growth` (the autoscaler) adds."""
+    def grow_with(self, growth: HostGrowth, max_hosts: int = 0) -> None:
+        """Tell policies from now on the hosts `growth` (the autoscaler) adds, and admission
+        that the fleet never has more than `max_hosts` (0: no limit)."""
         self._fleet.grow_with(growth)
+        self._admission.max_hosts = max_hosts
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -342,38 +346,131 @@ class KernelService:
             raise KernelDead(f"kernel {kernel_id} has no running replica")
         return kernel.link.attach(session_id, deliver, on_closed)
 
-    async def recover(self, grace: float) -> None:
-        """Adopt the kernels a previous gateway left running.
+    def restore(self) -> int:
+        """Put the kernels a previous gateway left running in the table, as they were stored,
+        before the gateway answers its first request: each is listed, and answers
+        ``GET /api/kernels/{id}``, with `execution_state` ``"starting"`` until `recover` has
+        re-linked it (``"dead"`` if every replica was dead already). Returns how many.
 
-        Waits up to `grace` seconds for their hosts to re-register (agents heartbeat on their
-        own), then links each kernel to a live replica; one with none left is reported dead.
+        `StateUnreadable` (naming the file) if the state file cannot be read: the caller stops.
         """
         kernels = self._kernels.stored()
-        if not kernels:
-            return
-        wanted = {replica.host_id for kernel in kernels for replica in kernel.replicas}
-        deadline = asyncio.get_running_loop().time() + grace
-        while asyncio.get_running_loop().time() < deadline:
-            if wanted <= {host.id for host in self._hosts.all() if host.alive}:
-                break
-            await asyncio.sleep(0.1)
-        alive = {host.id for host in self._hosts.all() if host.alive}
         for kernel in kernels:
-            for replica in kernel.replicas:
-                if replica.host_id not in alive:
-                    if not replica.dead:
-                        replica.move_to(ReplicaState.DEAD)
-                else:
-                    self._launcher.subscribe(kernel, replica)
+            kernel.execution_state = "dead" if kernel.dead else "starting"
             self._add(kernel)
-            try:
-                await self._linker.link(kernel)
-            except FleetError as e:
-                log.error("kernel %s could not be adopted: %s", kernel.id, e)
-                kernel.execution_state = "dead"
-            else:
-                log.info("kernel %s adopted from the previous gateway", kernel.id)
+            if not kernel.dead:
+                self._relinking[kernel.id] = asyncio.Event()
+        if kernels:
+            log.info("%d kernel(s) of the previous gateway listed; re-linking them", len(kernels))
+        return len(kernels)
+
+    async def recover(self, grace: float) -> None:
+        """Re-link every kernel `restore` listed, all at once.
+
+        For each kernel: wait up to `grace` seconds for the hosts of its replicas to report
+        (agents heartbeat on their own, and re-register with a new gateway). A replica is
+        known dead when its host reported without it, or never came back within `grace`: the
+        log says which. The kernel is then linked to the replicas left, holding its lifecycle
+        lock meanwhile (a shutdown or a repair waits for it); one whose replicas are all known
+        dead is reported dead, a replicated one missing some is repaired as after any loss.
+
+        GPU ledger: the hosts' reports give the ledger its devices and `launcher.subscribe`
+        the replicas' claims again. Commitments of cells in flight when the previous gateway
+        died are not stored, and need not be: a per-cell commitment is released by its cell's
+        reply, which went to the dead gateway's link and reaches no one now, so a stored one
+        could never be released; the orphaned cell runs to its end on its replica, whose next
+        cell queues behind it in the kernel itself. Per-session commitments (policies that
+        hold a kernel's GPUs for its whole life) are taken again here, on the kernel's
+        executor, as its start took them.
+        """
+        deadline = time.monotonic() + grace
+        kernels = [self._kernels.get(kernel_id) for kernel_id in list(self._relinking)]
+        await asyncio.gather(
+            *(self._relink(kernel, deadline, grace) for kernel in kernels), return_exceptions=True
+        )
         self._kernels.persist()
+
+    async def ready_for_clients(self, kernel_id: str, timeout: float) -> KernelRecord:
+        """The kernel, once it can take a client: at once, unless `recover` is still
+        re-linking it, then when that is done (or `timeout` seconds have passed). `NotFound`
+        for an unknown kernel (or one shut down meanwhile)."""
+        self.get(kernel_id)
+        relinked = self._relinking.get(kernel_id)
+        if relinked is not None:
+            log.info("kernel %s: a client waits for its re-link", kernel_id)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(relinked.wait(), timeout)
+        return self.get(kernel_id)
+
+    async def _relink(self, kernel: KernelRecord, deadline: float, grace: float) -> None:
+        gone: list[tuple[ReplicaRecord, str]] = []
+        try:
+            async with kernel.lifecycle:
+                if not self._kernels.is_current(kernel):
+                    return  # shut down meanwhile
+                await self._hosts_back(kernel, deadline)
+                for replica in kernel.live_replicas():
+                    why = self._replica_gone(replica, grace)
+                    if why is None:
+                        self._launcher.subscribe(kernel, replica)
+                    else:
+                        replica.move_to(ReplicaState.DEAD)
+                        gone.append((replica, why))
+                if kernel.linkable_replicas():
+                    try:
+                        await self._linker.link(kernel)
+                    except FleetError as e:
+                        log.error("kernel %s could not be re-linked: %s", kernel.id, e)
+                        kernel.execution_state = "dead"
+                    else:
+                        self._reserve_again(kernel)
+                        log.info("kernel %s adopted from the previous gateway", kernel.id)
+        finally:
+            relinked = self._relinking.pop(kernel.id, None)
+            if relinked is not None:
+                relinked.set()
+        for replica, why in gone:
+            log.error(
+                "kernel %s: replica %s on %s is known dead: %s", kernel.id, replica.id,
+                replica.host_id, why,
+            )  # fmt: skip
+            self._groups.replica_died(kernel, replica, why)
+
+    async def _hosts_back(self, kernel: KernelRecord, deadline: float) -> None:
+        """Until every host of the kernel's live replicas has reported, or `deadline`."""
+        wanted = {replica.host_id for replica in kernel.live_replicas()}
+        while time.monotonic() < deadline:
+            alive = {host.id for host in self._hosts.all() if host.alive}
+            if wanted <= alive:
+                return
+            await asyncio.sleep(0.1)
+
+    def _replica_gone(self, replica: ReplicaRecord, grace: float) -> str | None:
+        """Why `replica` is known dead after a gateway restart, or None if its host runs it."""
+        try:
+            host = self._hosts.get(replica.host_id)
+        except NotFound:
+            host = None
+        if host is None or not host.alive:
+            return f"its host {replica.host_id} did not come back within {grace:.0f} s"
+        listed = {model.get("id") for model in host.replicas if isinstance(model, dict)}
+        if replica.id not in listed:
+            return f"its host {replica.host_id} came back without it"
+        return None
+
+    def _reserve_again(self, kernel: KernelRecord) -> None:
+        """Take a per-session kernel's GPUs again on its executor (see `recover`)."""
+        if not (self._chooser.per_session and kernel.gpus):
+            return
+        executor = next((r for r in kernel.live_replicas() if r.id == kernel.executor), None)
+        if executor is None:
+            executor = kernel.live_replicas()[0]
+        try:
+            self._chooser.reserve(kernel, executor)
+        except FleetError as e:
+            log.error("kernel %s: its GPUs could not be taken again: %s", kernel.id, e)
+        else:
+            kernel.executor = executor.id
 
     # ---- replicated kernels ----------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kernelfleet.errors import NotFound
 from kernelfleet.gateway.records import KernelRecord, ReplicaRecord
-from kernelfleet.gateway.store import KernelStore
+from kernelfleet.gateway.store import KernelStore, StateUnreadable
 
 
 class KernelTable:
@@ -53,7 +53,15 @@ class KernelTable:
             self._store.save([kernel.to_state() for kernel in self._kernels.values()])
 
     def stored(self) -> list[KernelRecord]:
-        """The kernels the store holds (a previous gateway's), not yet added to the table."""
+        """The kernels the store holds (a previous gateway's), not yet added to the table;
+        `StateUnreadable`, naming the file, if it cannot be read or a kernel in it makes no
+        sense."""
         if self._store is None:
             return []
-        return [KernelRecord.from_state(state) for state in self._store.load()]
+        states = self._store.load()
+        try:
+            return [KernelRecord.from_state(state) for state in states]
+        except (TypeError, KeyError, ValueError, AttributeError) as e:
+            raise StateUnreadable(
+                f"the state file {self._store.path} holds a kernel that cannot be read ({e!r})"
+            ) from e

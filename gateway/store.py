@@ -2,7 +2,9 @@
 
 Hosts need no storing: their agents re-register with their next heartbeat. Kernels are written
 as JSON after every change, atomically (a temporary file renamed over the old one), so a crash
-never leaves a torn file.
+never leaves a torn file. A file that cannot be read all the same (edited by hand, a disk
+fault, another program's) is `StateUnreadable`: the gateway stops rather than start empty and
+lose track of kernels still running; the operator decides what to do with the file.
 """
 
 from __future__ import annotations
@@ -14,9 +16,61 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from kernelfleet.errors import FleetError
+
 log = logging.getLogger("kernelfleet.gateway.store")
 
 FORMAT_VERSION = 1
+
+
+class StateUnreadable(FleetError):
+    """A state file exists but cannot be read; the message names the file and what is wrong."""
+
+    reason = "state-unreadable"
+
+
+def write_json_atomically(path: Path, data: Any, mode: int = 0o600) -> None:
+    """Write `data` as JSON to `path` through a temporary file renamed over it (never torn),
+    readable by its owner only (`mode`)."""
+    text = json.dumps(data, indent=1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def read_json_list(path: Path, key: str) -> list[Any]:
+    """The list under `key` of a version `FORMAT_VERSION` JSON file written by
+    `write_json_atomically` as ``{"version", key: [...]}``; ``[]`` when there is no file.
+    `StateUnreadable` naming `path` for anything else (truncated, not JSON, wrong shape); the
+    file is left as it is."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as e:
+        raise StateUnreadable(f"cannot read the state file {path}: {e}") from e
+    try:
+        stored = json.loads(text)
+        if not isinstance(stored, dict) or stored.get("version") != FORMAT_VERSION:
+            raise ValueError(f"not a version {FORMAT_VERSION} state file")
+        if not isinstance(stored.get(key), list):
+            raise ValueError(f"no '{key}' list")
+        return list(stored[key])
+    except ValueError as e:
+        raise StateUnreadable(
+            f"the state file {path} is corrupt or truncated ({e}); the gateway will not start "
+            "without it, as it would lose track of kernels still running: restore it, or "
+            "remove it to start with no kernels"
+        ) from e
 
 
 class KernelStore:
@@ -26,32 +80,14 @@ class KernelStore:
         self.path = Path(state_dir) / "kernels.json"
 
     def save(self, kernels: list[dict[str, Any]]) -> None:
-        data = json.dumps({"version": FORMAT_VERSION, "kernels": kernels}, indent=1)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".kernels-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, self.path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        write_json_atomically(self.path, {"version": FORMAT_VERSION, "kernels": kernels})
 
     def load(self) -> list[dict[str, Any]]:
-        """The stored kernels; an unreadable file is set aside (``.corrupt``) and reads as none."""
-        try:
-            stored = json.loads(self.path.read_text())
-            if stored.get("version") != FORMAT_VERSION or not isinstance(stored["kernels"], list):
-                raise ValueError(f"not a version {FORMAT_VERSION} kernel file")
-            return list(stored["kernels"])
-        except FileNotFoundError:
-            return []
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            aside = self.path.with_suffix(".corrupt")
-            self.path.replace(aside)
-            log.error(
-                "%s is unreadable (%s); moved to %s, starting with no kernels", self.path, e, aside
+        """The stored kernels (``[]`` with no file); `StateUnreadable` for a file that cannot
+        be read, or whose kernels are not JSON objects."""
+        kernels = read_json_list(self.path, "kernels")
+        if not all(isinstance(kernel, dict) for kernel in kernels):
+            raise StateUnreadable(
+                f"the state file {self.path} holds a kernel that is not a JSON object"
             )
-            return []
+        return kernels

@@ -12,7 +12,7 @@ from typing import Any
 
 from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
-from kernelfleet.errors import InvalidRequest
+from kernelfleet.errors import FleetError, InvalidRequest
 from kernelfleet.gateway.channels import ClientLink
 from kernelfleet.gateway.framing import V1_PROTOCOL, KernelMessage, parse_client_frame
 from kernelfleet.web import JsonErrorsMixin, TokenAuthMixin
@@ -35,7 +35,10 @@ class ChannelsHandler(TokenAuthMixin, JsonErrorsMixin, WebSocketHandler):
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
         self.check_token()
-        self.settings["kernel_service"].get(kwargs["kernel_id"])  # 404 before the upgrade
+        # 404 before the upgrade; a kernel a restarted gateway is re-linking is waited for
+        await self.settings["kernel_service"].ready_for_clients(
+            kwargs["kernel_id"], self.settings.get("relink_timeout", 0.0)
+        )
         await super().get(*args, **kwargs)
 
     def open(self, kernel_id: str) -> None:
@@ -46,7 +49,7 @@ class ChannelsHandler(TokenAuthMixin, JsonErrorsMixin, WebSocketHandler):
             self.client = self.settings["kernel_service"].attach(
                 kernel_id, session_id, self._deliver, self._closed_by_gateway
             )
-        except InvalidRequest as e:
+        except FleetError as e:  # InvalidRequest, KernelDead
             log.error("websocket for kernel %s refused: %s", kernel_id, e)
             self.close(code=1011, reason=e.message[:120])
         else:
