@@ -100,8 +100,8 @@ def test_body_that_is_not_json_is_400(fleet):
 
 def test_gpu_need_larger_than_any_host_is_refused_at_once(fleet):
     status, body = fleet.request("POST", "/api/kernels", {"env": {"KERNEL_GPUS": "64"}})
-    assert status == 503
-    assert body["reason"] == "no-capacity"
+    assert status == 400, "waiting would not help: not a 503, which clients retry"
+    assert body["reason"] == "never-fits"
     assert "the largest has 2" in body["message"]
 
 
