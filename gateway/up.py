@@ -5,6 +5,10 @@ the environment, never on a command line (where ``ps`` would show it), and the c
 itself non-dumpable, as the gateway and the hosts do, so that no kernel of the same user reads
 it from ``/proc``. SIGINT or SIGTERM stops the gateway, then the hosts (which stop their
 kernels), then kills whatever is left.
+
+The fleet token persists in ``<state-dir>/gateway/token`` (mode 0600): the next ``up`` on the
+same state dir reuses it, so JupyterLabs left open keep working across a restart of the fleet.
+``--token`` or ``$KERNELFLEET_TOKEN`` override it, and become the stored one.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from traitlets import Bool, Float, Int, TraitError, Unicode, default, validate
 from traitlets.config import Application
@@ -60,7 +64,10 @@ class UpApp(Application):
     ip = Unicode("127.0.0.1", config=True, help="Address the gateway listens on.")
     port = Int(8765, config=True, help="Port the gateway listens on.")
     token = Unicode(
-        config=True, help="Token for every request. Default: $KERNELFLEET_TOKEN, else random."
+        config=True,
+        help="Token for every request. Default: $KERNELFLEET_TOKEN, else the one kept in "
+        "<state-dir>/gateway/token by the previous run, else a new random one. The token in use "
+        "is kept there (mode 0600) for the next run.",
     )
     hosts = Int(3, config=True, help="Number of local host agents.")
     gpus_per_host = Int(2, config=True, help="Virtual GPUs per host agent.")
@@ -83,7 +90,46 @@ class UpApp(Application):
 
     @default("token")
     def _default_token(self) -> str:
-        return os.environ.get("KERNELFLEET_TOKEN") or new_token()
+        return os.environ.get("KERNELFLEET_TOKEN") or self._stored_token() or new_token()
+
+    @property
+    def token_path(self) -> Path:
+        """Where the fleet token is kept between runs: in the gateway's state dir."""
+        return Path(self.state_dir, "gateway", "token")
+
+    def _stored_token(self) -> str | None:
+        """The token the previous run kept, if any; exit 2 naming the file if it is unusable."""
+        try:
+            token = self.token_path.read_text().strip()
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as e:
+            self._refuse(f"cannot read the fleet token in {self.token_path}: {e}")
+        if len(token) < 8 or any(c.isspace() for c in token):
+            self._refuse(
+                f"the fleet token in {self.token_path} is not usable (at least 8 characters, no "
+                "spaces): fix it, remove it for a new one, or pass --token"
+            )
+        return token
+
+    def _refuse(self, why: str) -> NoReturn:
+        print(f"kernelfleet up: {why}", file=sys.stderr)
+        self.exit(2)
+        raise AssertionError("unreachable")  # Application.exit raises SystemExit
+
+    def keep_token(self) -> None:
+        """Write the token in use to `token_path` (0600), for the next run. The gateway's
+        state dir is made as the gateway makes it (0711) if it is new."""
+        folder = self.token_path.parent
+        if not folder.exists():
+            folder.mkdir(parents=True)
+            folder.chmod(0o711)
+        temporary = folder / ".token.new"
+        temporary.unlink(missing_ok=True)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.token + "\n")
+        os.replace(temporary, self.token_path)
 
     @default("state_dir")
     def _default_state_dir(self) -> str:
@@ -97,6 +143,7 @@ class UpApp(Application):
 
     def start(self) -> None:
         mark_non_dumpable()
+        self.keep_token()
         stopping = []
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stopping.append(True))

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from jupyter_server.gateway.gateway_client import GatewayClient
@@ -103,3 +104,52 @@ def test_up_fails_clearly_when_the_port_is_taken(tmp_path):
     assert "gateway exited" in result.stderr
     assert "Address already in use" in result.stderr
     assert not subprocess.run(["pgrep", "-f", f"--port {port}"], capture_output=True).stdout
+
+
+def _up_once(cwd, *args: str) -> str:
+    """Run ``kernelfleet up --hosts 1 ARGS`` in `cwd` until it says it is up, stop it (as
+    Ctrl-C does), and return the token it printed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELFLEET_")}
+    process = subprocess.Popen(
+        ["kernelfleet", "up", "--hosts", "1", "--port", str(free_port()), *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        match = UP_LINE.search(line)
+        assert match, f"kernelfleet up printed {line!r}{process.stdout.read()}"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 0
+        return match["token"]
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_up_keeps_its_token_for_the_next_run_unless_told_otherwise(tmp_path):
+    first = _up_once(tmp_path)
+    token_file = tmp_path / ".kernelfleet" / "gateway" / "token"
+    assert token_file.read_text().strip() == first
+    assert token_file.stat().st_mode & 0o777 == 0o600, "the token is its owner's secret"
+    assert _up_once(tmp_path) == first, "open JupyterLabs keep working after a restart"
+
+    given = "a-token-given-on-the-command-line"
+    assert _up_once(tmp_path, "--token", given) == given
+    assert _up_once(tmp_path) == given, "the token given last is the one kept"
+
+    token_file.write_text("short\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELFLEET_")}
+    refused = subprocess.run(
+        ["kernelfleet", "up", "--hosts", "1", "--port", str(free_port())],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2
+    assert str(Path(".kernelfleet", "gateway", "token")) in refused.stderr
