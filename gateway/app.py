@@ -380,8 +380,9 @@ class GatewayApp(Application):
         """Listen, watch host liveness, and stop cleanly on SIGINT/SIGTERM."""
         server = tornado.httpserver.HTTPServer(self.webapp, max_body_size=64 << 20)
         sockets = tornado.netutil.bind_sockets(self.port, self.ip)
-        server.add_sockets(sockets)
         self.port = sockets[0].getsockname()[1]
+        provider = self._adopting_host_provider() if self.autoscale else None
+        server.add_sockets(sockets)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -392,8 +393,8 @@ class GatewayApp(Application):
         sampler = asyncio.create_task(self._sample_usage(stop))
         recovery = asyncio.create_task(self.kernels.recover(grace=self.recovery_grace))
         scaling = None
-        if self.autoscale:
-            self.autoscaler = self._autoscaler(self._host_provider())
+        if provider is not None:
+            self.autoscaler = self._autoscaler(provider)
             scaling = asyncio.create_task(self._autoscale(self.autoscaler, stop, recovery))
         await stop.wait()
         log.info("gateway stopping")
@@ -431,6 +432,20 @@ class GatewayApp(Application):
             gpus_per_host=self.autoscale_gpus_per_host,
             max_hosts=self.max_hosts,
         )
+
+    def _adopting_host_provider(self) -> LocalProcessHostProvider:
+        """The host provider, holding the hosts a previous gateway on this state dir started
+        and that still run (it may stop them); exit 2, naming the file, if its record of them
+        cannot be read."""
+        provider = self._host_provider()
+        try:
+            adopted = provider.adopt()
+        except StateUnreadable as e:
+            self.log.critical("%s", e)
+            self.exit(2)
+        if adopted:
+            log.info("autoscaled hosts of the previous gateway kept: %s", ", ".join(adopted))
+        return provider
 
     def _autoscaler(self, provider: LocalProcessHostProvider) -> Autoscaler:
         """The autoscaler over `provider`; from now on policies are told the hosts it is

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import logging
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -24,7 +27,13 @@ from kernelfleet.gateway.processes import (
     spawn_kernelfleet,
     terminate,
 )
-from kernelfleet.runtime_file import AgentRuntime, read_runtime
+from kernelfleet.gateway.store import (
+    FORMAT_VERSION,
+    StateUnreadable,
+    read_json_list,
+    write_json_atomically,
+)
+from kernelfleet.runtime_file import AgentRuntime, pid_alive, read_runtime
 
 log = logging.getLogger("kernelfleet.gateway.hosts.provider")
 
@@ -75,6 +84,11 @@ class LocalProcessHostProvider(HostProvider):
     to ``<state_dir>/logs/<id>.log``. `start_host` returns once the agent listens (it has written
     its runtime file), within ``start_timeout`` seconds; `stop_host` sends SIGTERM (the agent
     stops its kernels) and kills the agent's session after ``stop_timeout`` seconds.
+
+    The hosts it runs are kept in ``<state_dir>/hosts.json`` (id and pid, rewritten after each
+    start and stop), so that a gateway restarted after a crash still knows which hosts it
+    started and may stop: `adopt` takes back those still running (an agent runs in a session
+    of its own and outlives the gateway).
     """
 
     def __init__(
@@ -100,11 +114,43 @@ class LocalProcessHostProvider(HostProvider):
         self.extra_args = tuple(extra_args)
         self._token = token
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._adopted: dict[str, int] = {}
+        """Hosts a previous gateway started that still run: their agents' pids."""
         self._starting: set[str] = set()
         self._counter = 0
 
+    @property
+    def hosts_file(self) -> Path:
+        """Where the hosts it runs are kept across gateway restarts."""
+        return self.state_dir / "hosts.json"
+
+    def adopt(self) -> tuple[str, ...]:
+        """Take back the hosts a previous gateway on this state dir started that still run
+        (their agent's runtime file names a live pid), and forget the others; return the ids
+        taken back. `StateUnreadable`, naming the file, if ``hosts.json`` cannot be read."""
+        for entry in read_json_list(self.hosts_file, "hosts"):
+            host_id, pid = (
+                (entry.get("id"), entry.get("pid")) if isinstance(entry, dict) else (0, 0)
+            )
+            if not isinstance(host_id, str) or not isinstance(pid, int):
+                raise StateUnreadable(
+                    f"the state file {self.hosts_file} holds a bad host {entry!r}"
+                )
+            self._counter = max(self._counter, _number_of(host_id, self.prefix))
+            if read_runtime(self.state_dir / host_id, AgentRuntime, pid) is not None:
+                self._adopted[host_id] = pid
+                log.info(
+                    "host agent %s (pid %d), started before a restart, runs: kept", host_id, pid
+                )
+            else:
+                log.warning(
+                    "host agent %s (pid %d), started before a restart, is gone", host_id, pid
+                )
+        self._save()
+        return tuple(self._adopted)
+
     def hosts(self) -> tuple[str, ...]:
-        return tuple(self._processes)
+        return (*self._adopted, *self._processes)
 
     def pending(self) -> tuple[str, ...]:
         return tuple(host_id for host_id in self._processes if host_id in self._starting)
@@ -141,21 +187,47 @@ class LocalProcessHostProvider(HostProvider):
             raise
         finally:
             self._starting.discard(host_id)
+        self._save()
         log.info("started host agent %s (pid %d)", host_id, process.pid)
         return host_id
 
     async def stop_host(self, host_id: str) -> None:
+        if host_id in self._adopted:
+            await self._stop_adopted(host_id, self._adopted[host_id])
+            return
         process = self.process(host_id)
         await asyncio.to_thread(terminate, [process], self.stop_timeout)
         await asyncio.to_thread(kill_group, process)
         del self._processes[host_id]
+        self._save()
         log.info("stopped host agent %s (exit code %s)", host_id, process.returncode)
+
+    async def _stop_adopted(self, host_id: str, pid: int) -> None:
+        """Stop an agent a previous gateway started (not this process's child): SIGTERM its
+        session, SIGKILL it after ``stop_timeout`` seconds."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout
+        while time.monotonic() < deadline:
+            if not pid_alive(pid):
+                break
+            await asyncio.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        del self._adopted[host_id]
+        self._save()
+        log.info("stopped host agent %s (pid %d, started before a restart)", host_id, pid)
+
+    def _save(self) -> None:
+        hosts = [{"id": host_id, "pid": pid} for host_id, pid in self._adopted.items()]
+        hosts += [{"id": host_id, "pid": p.pid} for host_id, p in self._processes.items()]
+        write_json_atomically(self.hosts_file, {"version": FORMAT_VERSION, "hosts": hosts})
 
     def _next_id(self) -> str:
         while True:
             self._counter += 1
             host_id = f"{self.prefix}-{self._counter}"
-            if host_id not in self._processes:
+            if host_id not in self._processes and host_id not in self._adopted:
                 return host_id
 
     async def _wait_listening(
@@ -178,3 +250,9 @@ class LocalProcessHostProvider(HostProvider):
                     f"{log_tail(log_path)}"
                 )
             await asyncio.sleep(0.05)
+
+
+def _number_of(host_id: str, prefix: str) -> int:
+    """n of a host id ``<prefix>-<n>``; 0 for any other."""
+    number = host_id.removeprefix(f"{prefix}-")
+    return int(number) if number != host_id and number.isdigit() else 0
