@@ -87,8 +87,9 @@ class GatewayApp(Application):
     state_dir = Unicode(
         config=True,
         help=(
-            "Gateway state folder (its kernels, and runtime.json while it runs: url, port, pid)."
-            " Default: $KERNELFLEET_STATE_DIR, else .kernelfleet/gateway."
+            "Gateway state folder (its kernels, the hosts its autoscaler started, and "
+            "runtime.json while it runs: url, port, pid); a gateway started again on it resumes "
+            "them. Default: $KERNELFLEET_STATE_DIR, else .kernelfleet/gateway."
         ),
     )
     policy = Unicode(
