@@ -83,6 +83,29 @@ async def test_a_kernel_whose_host_never_comes_back_is_reported_dead_saying_why(
     assert "its host host-1 did not come back within 3 s" in fleet.log()
 
 
+async def test_a_replicated_kernel_missing_one_host_after_a_restart_lives_on(private_fleet):
+    fleet = private_fleet(hosts=3, gpus=0, replicas=3)
+    kernel_id = fleet.start_kernel()
+    client = await fleet.connect(kernel_id)
+    assert (await client.execute("x = 41")).reply["status"] == "ok"
+    client.close()
+    lost = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"][2]
+    fleet.signal_host(lost["host"], signal.SIGKILL)
+
+    kill_and_spawn_gateway(fleet, "--GatewayApp.recovery_grace=3")
+
+    assert [k["id"] for k in fleet.api("GET", "/api/kernels")] == [kernel_id]
+    client = await fleet.connect(kernel_id)
+    assert (await client.execute("print(x + 1)")).stdout == "42\n"
+    client.close()
+    assert fleet.api("GET", f"/api/kernels/{kernel_id}")["execution_state"] == "idle"
+    states = {
+        r["id"]: r["state"] for r in fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+    }
+    assert states[lost["id"]] == "dead"
+    assert f"its host {lost['host']} did not come back within 3 s" in fleet.log()
+
+
 # ---- through a real jupyter_server in gateway mode -----------------------------------------
 
 
