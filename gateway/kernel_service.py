@@ -385,9 +385,12 @@ class KernelService:
         """
         deadline = time.monotonic() + grace
         kernels = [self._kernels.get(kernel_id) for kernel_id in list(self._relinking)]
-        await asyncio.gather(
+        results = await asyncio.gather(
             *(self._relink(kernel, deadline, grace) for kernel in kernels), return_exceptions=True
         )
+        for kernel, result in zip(kernels, results, strict=True):
+            if isinstance(result, Exception):
+                log.error("kernel %s: re-linking failed", kernel.id, exc_info=result)
         self._kernels.persist()
 
     async def ready_for_clients(self, kernel_id: str, timeout: float) -> KernelRecord:
