@@ -1,5 +1,6 @@
 """The gateway's log stays useful: host heartbeats (PUT /api/fleet/hosts/{id}, one per host
-per second) are access-logged at DEBUG, every other request as before."""
+per second) and successful polls of the read-only lists are access-logged at DEBUG, every
+other request as before."""
 
 from __future__ import annotations
 
@@ -26,7 +27,12 @@ def finished(method: str, uri: str, status: int) -> SimpleNamespace:
         ("PUT", "/api/fleet/hosts/host-1?token=x", 200, logging.DEBUG),
         ("PUT", "/api/fleet/hosts/host-1", 401, logging.WARNING),  # a wrong token stays loud
         ("PUT", "/api/fleet/hosts/host-1", 500, logging.ERROR),
-        ("GET", "/api/fleet/hosts/host-1", 200, logging.INFO),
+        ("GET", "/api/fleet/hosts/host-1", 200, logging.DEBUG),  # polled
+        ("GET", "/api/kernels", 200, logging.DEBUG),
+        ("GET", "/api/kernels/k-1", 200, logging.DEBUG),
+        ("GET", "/api/kernels/k-1/channels", 101, logging.INFO),  # a websocket
+        ("GET", "/api/fleet/kernels/k-1", 404, logging.WARNING),
+        ("GET", "/api/fleet/events", 200, logging.INFO),
         ("DELETE", "/api/fleet/hosts/host-1", 204, logging.INFO),
         ("PUT", "/api/fleet/hosts/host-1/drain", 200, logging.INFO),
         ("POST", "/api/kernels", 201, logging.INFO),
