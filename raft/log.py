@@ -164,6 +164,7 @@ class KernelLog(SyncObj):
         self._pruning = False  # tick thread: a prune this node asked for is in flight
         self._prunes = 0  # tick thread: prunes applied here
         self._applied = 0  # loop thread: the index after the last one on_commit saw
+        self._delivered_count = 0  # loop thread: on_commit calls
         self._delivered: list[tuple[int, Entry | UnknownEntry]] = []  # loop: still retained
         self._pending: set[asyncio.Future[Any]] = set()  # loop thread: calls in flight
         self._membership_lock = asyncio.Lock()
@@ -270,6 +271,7 @@ class KernelLog(SyncObj):
                 continue
             self._delivered.append((index, entry))
             self._applied = index + 1
+            self._delivered_count += 1
             if isinstance(entry, UnknownEntry):
                 logger.warning("entry %d cannot be decoded: %s", index, entry.error)
             try:
@@ -349,6 +351,12 @@ class KernelLog(SyncObj):
         """The index after the last entry ``on_commit`` has seen (the next index to arrive);
         with no pruning, how many entries it saw."""
         return self._applied
+
+    @property
+    def delivered_count(self) -> int:
+        """How many entries ``on_commit`` has seen: below `applied_count` when this node
+        caught up from a pruned snapshot."""
+        return self._delivered_count
 
     @property
     def retained_count(self) -> int:
