@@ -107,3 +107,29 @@ async def test_starting_and_stopping_kernels_leaves_no_replica_folder(fleet_fact
         20,
         "every replica folder to be removed",
     )
+
+
+@pytest.mark.slow
+async def test_a_stopped_replica_keeps_only_its_log_when_logs_are_kept(tmp_path):
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from kernelfleet.kernels.agent.replicas import ReplicaRequest, ReplicaTable
+
+    table = ReplicaTable(
+        state_dir=tmp_path,
+        kernel_spec_manager=KernelSpecManager(),
+        root_dir=tmp_path,
+        keep_logs_for=DAY,
+    )
+    try:
+        replica = await table.start(ReplicaRequest("kept", "k", "python3"))
+        assert (replica.directory / "connection.json").exists()
+        await table.stop("kept")
+        assert sorted(p.name for p in replica.directory.iterdir()) == [KERNEL_LOG]
+        assert "launching replica kept" in (replica.directory / KERNEL_LOG).read_text()
+        table.keep_logs_for = 0
+        replica = await table.start(ReplicaRequest("gone", "k", "python3"))
+        await table.stop("gone")
+        assert not replica.directory.exists()
+    finally:
+        await table.stop_all(grace=5)
