@@ -396,14 +396,16 @@ def sweep_replica_folders(
     keep: Iterable[str] = (),
     in_use: set[str] | None = None,
     keep_logs_s: float = 0.0,
+    min_age_s: float = 0.0,
     now: float | None = None,
 ) -> list[str]:
     """Remove the folders under `replicas_dir` of replicas no process runs (at agent start:
     those of an agent that died, whose kernels exited with it); return their names.
 
     Folders named in `keep` (this agent's own replicas) and those a running process points to
-    (`in_use`, by default `replica_dirs_in_use`) stay. A folder whose ``kernel.log`` changed
-    less than `keep_logs_s` seconds ago keeps that log alone."""
+    (`in_use`, by default `replica_dirs_in_use`) stay, and so do folders changed less than
+    `min_age_s` seconds ago (a replica starting now may not be in `keep` yet). A folder whose
+    ``kernel.log`` changed less than `keep_logs_s` seconds ago keeps that log alone."""
     in_use = replica_dirs_in_use() if in_use is None else in_use
     now = time.time() if now is None else now
     kept = set(keep)
@@ -416,6 +418,11 @@ def sweep_replica_folders(
         if entry.name in kept or not entry.is_dir(follow_symlinks=False):
             continue
         if entry.path in in_use or str(Path(entry.path).resolve()) in in_use:
+            continue
+        try:
+            if now - entry.stat(follow_symlinks=False).st_mtime < min_age_s:
+                continue
+        except OSError:
             continue
         try:
             age = now - os.lstat(os.path.join(entry.path, KERNEL_LOG)).st_mtime

@@ -10,7 +10,8 @@ A replica's folder (``<state_dir>/replicas/<id>``) is removed once its process i
 it is stopped (a dead replica stays, folder and all, until the gateway stops or restarts it);
 a replica that failed to start keeps its ``kernel.log`` only. ``keep_logs_for`` seconds > 0
 keep every stopped replica's ``kernel.log`` (for debugging) that long. `remove_stale_folders`,
-at agent start, removes the folders of replicas no process runs any more.
+at agent start, removes the folders of replicas no process runs any more; ``watch`` does it
+again every `SWEEP_INTERVAL` seconds (replicas of a dead agent that outlived it a while).
 
 Nothing here imports ``tornado.web``: failures are ``kernelfleet.errors`` domain errors.
 """
@@ -61,6 +62,8 @@ ZMQ_PORTS = tuple(key for key in CONNECTION_KEYS if key.endswith("_port"))
 PORT_ATTEMPTS = 3  # launches with fresh ports when another process took one first
 # Never handed to kernels: user code must not be able to drive the host agent.
 SCRUBBED_ENV = frozenset({"KERNELFLEET_TOKEN"})
+SWEEP_INTERVAL = 300.0  # seconds between sweeps of stale replica folders
+SWEEP_MIN_AGE = 60.0  # a folder this recent may belong to a replica starting now
 
 
 class ReplicaState(enum.Enum):
@@ -455,9 +458,17 @@ class ReplicaTable:
             await _kill_quietly(replica)  # whatever a cancelled shutdown left running
 
     async def watch(self) -> None:
-        """Check ready replicas every ``poll_interval`` s, marking dead ones, until cancelled."""
+        """Check ready replicas every ``poll_interval`` s, marking dead ones, and sweep stale
+        replica folders every `SWEEP_INTERVAL` s, until cancelled."""
+        next_sweep = time.monotonic() + SWEEP_INTERVAL
         while True:
             await asyncio.sleep(self.poll_interval)
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + SWEEP_INTERVAL
+                try:
+                    await self._sweep_later()
+                except Exception:
+                    log.exception("sweeping stale replica folders failed")
             for replica in list(self._replicas.values()):
                 if replica.state is not ReplicaState.READY or replica.lock.locked():
                     continue
@@ -642,6 +653,20 @@ class ReplicaTable:
         names. Called at agent start."""
         removed = sweep_replica_folders(
             self.replicas_dir, keep=self._replicas, keep_logs_s=self.keep_logs_for
+        )
+        if removed:
+            log.info("removed %d stale replica folder(s) from %s", len(removed), self.replicas_dir)
+        return removed
+
+    async def _sweep_later(self) -> list[str]:
+        """`remove_stale_folders` while the agent runs: in a worker thread, sparing folders
+        changed in the last `SWEEP_MIN_AGE` seconds (a start may be under way)."""
+        removed = await asyncio.to_thread(
+            sweep_replica_folders,
+            self.replicas_dir,
+            keep=set(self._replicas),
+            keep_logs_s=self.keep_logs_for,
+            min_age_s=SWEEP_MIN_AGE,
         )
         if removed:
             log.info("removed %d stale replica folder(s) from %s", len(removed), self.replicas_dir)

@@ -65,6 +65,14 @@ def test_the_sweep_removes_folders_of_replicas_no_process_runs(tmp_path):
     assert not stale.exists()
 
 
+def test_the_sweep_while_the_agent_runs_spares_folders_made_just_now(tmp_path):
+    starting = replica_folder(tmp_path, "starting")
+    stale = replica_folder(tmp_path, "stale")
+    os.utime(stale, (time.time() - 120, time.time() - 120))
+    assert sweep_replica_folders(tmp_path, in_use=set(), min_age_s=60) == ["stale"]
+    assert starting.exists()
+
+
 def test_the_sweep_keeps_recent_logs_for_the_configured_days_only(tmp_path):
     recent = replica_folder(tmp_path, "recent", log_age_s=0.5 * DAY)
     old = replica_folder(tmp_path, "old", log_age_s=3 * DAY)
