@@ -326,7 +326,7 @@ class ReplicaTable:
         ``KERNEL_LAUNCH_TIMEOUT``) or ``KernelStartFailed`` (the process exited, or stayed silent
         past the launch timeout; the message holds the tail of its kernel.log). A replica that
         failed to start is forgotten; its kernel.log stays on disk (the rest of its folder
-        goes; the next agent start removes the log, unless ``keep_logs_for`` keeps it).
+        goes; a later sweep removes the log, unless ``keep_logs_for`` keeps it).
         """
         self._check_not_closing()
         if request.replica_id in self._replicas:
