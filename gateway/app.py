@@ -32,6 +32,7 @@ from kernelfleet.gateway.hosts import HostRegistry
 from kernelfleet.gateway.kernel_service import KernelService
 from kernelfleet.gateway.kernel_tokens import KernelTokens
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
+from kernelfleet.gateway.objects_gc import KernelObjectsCollector
 from kernelfleet.gateway.records import ReplicationSettings
 from kernelfleet.gateway.store import KernelStore, StateUnreadable
 from kernelfleet.kernels.objectstore import prepare_shared_root
@@ -393,6 +394,7 @@ class GatewayApp(Application):
         watcher = asyncio.create_task(self._watch_hosts(stop))
         sampler = asyncio.create_task(self._sample_usage(stop))
         recovery = asyncio.create_task(self.kernels.recover(grace=self.recovery_grace))
+        objects_gc = asyncio.create_task(self._objects_collector().run())
         scaling = None
         if provider is not None:
             self.autoscaler = self._autoscaler(provider)
@@ -404,6 +406,7 @@ class GatewayApp(Application):
         watcher.cancel()
         sampler.cancel()
         recovery.cancel()
+        objects_gc.cancel()
         if scaling is not None:
             scaling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -415,6 +418,15 @@ class GatewayApp(Application):
         if self.autoscaler is not None:
             await self.autoscaler.provider.close()
         self.hosts.close()
+
+    def _objects_collector(self) -> KernelObjectsCollector:
+        """Removes the object-store folders of kernels that are gone (gateway.objects_gc)."""
+        return KernelObjectsCollector(
+            self.object_store_root,
+            lambda: (kernel.id for kernel in self.kernels.all()),
+            KernelStore(self.state_dir).path,
+            self.events,
+        )
 
     def local_url(self) -> str:
         """The URL a process on this machine reaches the gateway at (loopback for a wildcard

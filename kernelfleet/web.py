@@ -18,6 +18,7 @@ import enum
 import hmac
 import json
 import logging
+import re
 import secrets
 import urllib.parse
 from collections.abc import Mapping
@@ -108,11 +109,31 @@ def request_summary(request: Any) -> str:
     return f"{request.method} {redact_uri(request.uri or '')} ({request.remote_ip})"
 
 
+QUIET_REQUESTS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("PUT", re.compile(r"/api/fleet/hosts/[^/?]+")),  # host agents' heartbeats, 1 per second each
+    # what JupyterLab (through jupyter_server), the panel and scripts poll, read-only:
+    ("GET", re.compile(r"/api/(kernels|kernelspecs|fleet|fleet/hosts|fleet/kernels)")),
+    ("GET", re.compile(r"/api/(kernels|fleet/kernels|fleet/hosts)/[^/?]+")),
+)
+"""(method, path) of the routine requests whose success is logged at DEBUG, not INFO: on a
+3-host fleet the heartbeats alone were 89 % of the gateway's log. Changes (POST, DELETE, ...),
+websockets and every failure are logged as before."""
+
+
+def is_quiet(request: Any) -> bool:
+    """Whether `request` is one of `QUIET_REQUESTS`."""
+    path = (request.path or "").rstrip("/")
+    return any(request.method == m and pattern.fullmatch(path) for m, pattern in QUIET_REQUESTS)
+
+
 def log_request(handler: web.RequestHandler) -> None:
     """The access log line of a finished request (the applications' ``log_function``): as
-    tornado's own (INFO below 400, WARNING below 500, ERROR above), with no token in it."""
+    tornado's own (INFO below 400, WARNING below 500, ERROR above), with no token in it; a
+    successful routine request (`QUIET_REQUESTS`: heartbeats) at DEBUG."""
     status = handler.get_status()
-    if status < 400:
+    if status < 400 and is_quiet(handler.request):
+        log_method = access_log.debug
+    elif status < 400:
         log_method = access_log.info
     elif status < 500:
         log_method = access_log.warning

@@ -16,7 +16,22 @@ Contract for every backend:
   store; keys that are not 64 lowercase hex digits raise `InvalidObjectKey` (keys come from the
   log, so a bad one must not become a path).
 - ``delete`` is idempotent. Deciding what is garbage is the caller's job (the log owner knows
-  which keys its snapshot still references).
+  which keys its snapshot still references). ``put*`` of an object already there, and
+  ``keep``, refresh its time, so a collector that waits a grace period after an object was
+  last written or reused does not delete one a new log entry is about to point to.
+
+Garbage collection (who deletes what; docs/architecture.md has the whole picture):
+
+- Superseded objects of a live kernel (a variable bound again, or deleted): the replica that
+  leads the kernel's Raft group, as the kernel's own user, once no live log entry points to
+  them, every replica's log has the newer entry, and a grace period passed
+  (`kernelfleet.kernels.replica.statesync_gc`).
+- Every object of a kernel that is shut down: the gateway removes the kernel's folder at once,
+  and, every little while, the folders of kernels it does not know (neither running nor in its
+  state file) whose last change is older than the grace period
+  (`kernelfleet.gateway.objects_gc`). A restarted gateway knows its adopted kernels from its
+  state file, so their objects stay. The gateway needs the right to remove the folders: it
+  runs as root, or as the user the kernels run as.
 
 Kernels of different users share one `LocalDirectoryStore` root: `prepare_shared_root` makes it
 mode 1733 (any user may create a folder there, nobody may list it or remove another's folder),
@@ -134,7 +149,7 @@ class ObjectStore(ABC):
     def put(self, data: Chunk) -> str:
         """Store `data`; return its key (sha256 hex). Idempotent."""
         key = key_of([data])
-        if not self.has(key):
+        if not self.keep(key):
             self.put_chunks([data])
         return key
 
@@ -159,6 +174,11 @@ class ObjectStore(ABC):
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove the object if present. Idempotent."""
+
+    def keep(self, key: str) -> bool:
+        """Whether the object is present; if so, mark it freshly used, so that a collector's
+        grace period starts again (the writer is about to point a log entry to it)."""
+        return self.has(key)
 
     @abstractmethod
     def keys(self) -> Iterator[str]:
@@ -203,8 +223,7 @@ class LocalDirectoryStore(ObjectStore):
         this user create one: see `prepare_shared_root`) or is not this user's own and private
         (another user made it first: its objects could not be trusted)."""
         base = Path(root)
-        name = kernel_id if _SAFE_NAME.fullmatch(kernel_id) else key_of([kernel_id.encode()])
-        folder = base / f"kernel-{name}"
+        folder = base / kernel_folder_name(kernel_id)
         try:
             if not base.exists():
                 base.mkdir(parents=True, exist_ok=True)
@@ -244,7 +263,7 @@ class LocalDirectoryStore(ObjectStore):
                 os.fchmod(out.fileno(), 0o444)
             key = digest.hexdigest()
             final = self.path(key)
-            if final.exists():
+            if self.keep(key):
                 os.unlink(tmp_name)
                 return key
             final.parent.mkdir(exist_ok=True)
@@ -266,8 +285,24 @@ class LocalDirectoryStore(ObjectStore):
     def has(self, key: str) -> bool:
         return self.path(key).is_file()
 
+    def keep(self, key: str) -> bool:
+        try:
+            os.utime(self.path(key))
+        except FileNotFoundError:
+            return False
+        except PermissionError:  # another user's: present, but its time stays (not ours to GC)
+            return self.has(key)
+        return True
+
     def delete(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)
+
+    def age(self, key: str) -> float | None:
+        """Seconds since the object was last written or kept; None if it is not there."""
+        try:
+            return time.time() - self.path(key).stat().st_mtime
+        except FileNotFoundError:
+            return None
 
     def keys(self) -> Iterator[str]:
         for shard in sorted(self._objects.iterdir()):
@@ -332,6 +367,13 @@ _BUILTIN_STORES: dict[str, type[ObjectStore]] = {
     LocalDirectoryStore.name: LocalDirectoryStore,
     MemoryStore.name: MemoryStore,
 }
+
+
+def kernel_folder_name(kernel_id: str) -> str:
+    """The name of kernel `kernel_id`'s folder under a shared root (see
+    `LocalDirectoryStore.for_kernel`)."""
+    name = kernel_id if _SAFE_NAME.fullmatch(kernel_id) else key_of([kernel_id.encode()])
+    return f"kernel-{name}"
 
 
 def prepare_shared_root(root: str | os.PathLike[str]) -> Path:

@@ -4,13 +4,22 @@ The defaults are tuned for cell latency on a LAN: no append batching (batching
 waits for a 0.1 s tick per commit), elections after 0.2-0.5 s of silence, heartbeats every
 50 ms, reconnects to a lost peer every 0.5 s (pysyncobj's 5 s default stalls a restarted
 replica's catch-up).
+
+Log compaction (see `kernelfleet.raft.log`): the group prunes superseded entries and pysyncobj
+writes the pruned list as a full dump, so its journal and in-memory log stay short and a new
+replica catches up from that snapshot. Those four limits may also come from the environment
+(``KERNELFLEET_RAFT_COMPACTION_MIN_ENTRIES``, ``KERNELFLEET_RAFT_COMPACTION_MIN_TIME``,
+``KERNELFLEET_RAFT_PRUNE_MIN_ENTRIES``, ``KERNELFLEET_RAFT_KEEP_RECENT_ENTRIES``), which a host
+agent passes on to its replicas: read when a `LogConfig` is made without them.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pysyncobj import SyncObjConf
 
@@ -18,6 +27,19 @@ from kernelfleet.raft.entries import MAX_ENTRY_BYTES
 
 JOURNAL_FILE = "raft.journal"
 DUMP_FILE = "raft.dump"
+
+
+def _from_env(name: str, default: float, kind: type = int) -> Callable[[], Any]:
+    """A default factory: $`name` as `kind` if set and valid, else `default`."""
+
+    def read() -> Any:
+        raw = os.environ.get(name, "")
+        try:
+            return kind(raw) if raw else kind(default)
+        except ValueError:
+            return kind(default)
+
+    return read
 
 
 @dataclass(frozen=True)
@@ -41,10 +63,27 @@ class LogConfig:
     side of a partition fail instead of hanging."""
     max_entry_bytes: int = MAX_ENTRY_BYTES
     """Largest serialized entry `KernelLog.append` accepts."""
-    compaction_min_entries: int = 5000
-    """Write a full dump (and trim the journal) after this many raft entries ..."""
-    compaction_min_time: float = 300.0
-    """... or this long after the previous dump."""
+    compaction_min_entries: int = field(
+        default_factory=_from_env("KERNELFLEET_RAFT_COMPACTION_MIN_ENTRIES", 1000)
+    )
+    """Write a full dump (and trim the journal) after this many raft entries ... (was 5000:
+    entries are kept in memory until then, up to 256 KiB each, and a restarted replica replays
+    the journal; the pruned dump is small, so dumping more often costs little)."""
+    compaction_min_time: float = field(
+        default_factory=_from_env("KERNELFLEET_RAFT_COMPACTION_MIN_TIME", 120.0, float)
+    )
+    """... or this long after the previous dump (was 300 s: a replica that joins gets the
+    dump plus the journal since, so a shorter interval means less to replay)."""
+    prune_min_entries: int = field(
+        default_factory=_from_env("KERNELFLEET_RAFT_PRUNE_MIN_ENTRIES", 1000)
+    )
+    """The leader asks the group to drop superseded entries once the replicated list holds
+    this many, and twice as many as the last prune kept (so pruning costs O(1) per entry)."""
+    keep_recent_entries: int = field(
+        default_factory=_from_env("KERNELFLEET_RAFT_KEEP_RECENT_ENTRIES", 1000)
+    )
+    """A prune keeps every entry among this many newest ones: recent proposals let a replica
+    refuse a cell another one already ran (a resent cell arrives within seconds)."""
     use_fork: bool = True
     """Write dumps in a forked child so the tick thread never stalls on a large dump."""
     commands_wait_leader: bool = False
@@ -69,6 +108,8 @@ class LogConfig:
             problems.append("max_entry_bytes must be at least 1024")
         if self.compaction_min_entries < 2 or self.compaction_min_time <= 0:
             problems.append("compaction_min_entries must be >= 2 and compaction_min_time > 0")
+        if self.prune_min_entries < 2 or self.keep_recent_entries < 1:
+            problems.append("prune_min_entries must be >= 2 and keep_recent_entries >= 1")
         if self.bind_attempts < 1:
             problems.append("bind_attempts must be >= 1")
         if problems:

@@ -205,6 +205,8 @@ class UnknownEntry(_Entry):
 # a journal holding one still replays, that entry as an `UnknownEntry`.
 Entry: TypeAlias = Proposal | StateDelta
 _KINDS: dict[str, type[Entry]] = {cls.KIND: cls for cls in (Proposal, StateDelta)}
+KNOWN_KINDS = frozenset(_KINDS)
+"""The entry kinds this code decodes."""
 
 
 def decode(wire: object) -> Entry:

@@ -6,18 +6,27 @@ given at construction through ``loop.call_soon_threadsafe`` only, and never bloc
 thread. Every public method is called on the loop's thread; the log is constructed on that
 thread too (pysyncobj stops ticking when the constructing thread ends).
 
-Replicated state. The list of committed entries (wire tuples, see `entries`) lives in an
-`_EntryStore` consumer; its only mutator is the `@replicated` ``append``. Everything else on the
-node is local and is never written to the dump. An entry's *index* is its position in that list
-(0, 1, 2, ...), the same on every replica; raft's own no-op and membership entries are not
-counted.
+Replicated state. The committed entries (``(index, wire)`` pairs, see `entries`) live in an
+`_EntryStore` consumer; its only mutators are the `@replicated` ``append`` and ``prune``.
+Everything else on the node is local and is never written to the dump. An entry's *index* is
+its position in the log of appends (0, 1, 2, ...), the same on every replica; raft's own no-op
+and membership entries are not counted.
 
-Delivery. ``on_commit(index, entry)`` runs on the loop for every committed entry, in index
-order, exactly once per index per process lifetime: a restarted replica first gets every entry
-it recovers from its data dir (journal and full dump) from index 0, then the ones it catches up
-on. The entry is the decoded dataclass, or an `UnknownEntry` for a kind this code cannot read.
-For an ``append`` made by this process, ``on_commit`` of its index runs before ``append``
-returns.
+Compaction. The leader asks the group to ``prune`` once the list holds
+`LogConfig.prune_min_entries` entries and twice as many as after the last prune: every replica
+then drops, at the same log position, what `compaction.prune` finds superseded (deltas whose
+every name a later delta set again, proposals older than `LogConfig.keep_recent_entries`).
+pysyncobj's own log compaction (a full dump every `LogConfig.compaction_min_entries` raft
+entries or `LogConfig.compaction_min_time` seconds, then the journal is trimmed) writes that
+pruned list, and a replica that joins or falls far behind gets it as a snapshot: it applies the
+few entries that rebuild the namespace, not one per cell ever run.
+
+Delivery. ``on_commit(index, entry)`` runs on the loop for every committed entry this process
+gets, in index order, exactly once per index per process lifetime: a restarted replica first gets
+the entries it recovers from its data dir (journal and full dump), then the ones it catches up
+on. Indexes have gaps where a snapshot left pruned entries out. The entry is the decoded
+dataclass, or an `UnknownEntry` for a kind this code cannot read. For an ``append`` made by this
+process, ``on_commit`` of its index runs before ``append`` returns.
 
 Durability and security. The journal (``raft.journal``) and full dump (``raft.dump``) live in
 ``data_dir``. The node binds only its own address (a private one, never 0.0.0.0) and all raft
@@ -40,6 +49,7 @@ from typing import Any
 from pysyncobj import SyncObj, SyncObjConsumer, replicated
 from pysyncobj.syncobj import SyncObjException
 
+from kernelfleet.raft import compaction
 from kernelfleet.raft.config import LogConfig
 from kernelfleet.raft.entries import Entry, UnknownEntry, Wire, decode_or_unknown, encode
 from kernelfleet.raft.errors import BindFailed, FailReason, LogClosed, NotCommitted, NotReady
@@ -75,24 +85,43 @@ def check_address(address: str) -> str:
 
 
 class _EntryStore(SyncObjConsumer):
-    """The replicated state: committed entries' wire tuples, in log order.
+    """The replicated state: committed ``(index, wire)`` pairs in log order, less what
+    ``prune`` dropped (never the newest, so the last index is always there).
 
-    ``append`` runs on the tick thread of every replica when the entry commits; it is small
-    and deterministic, and returns the entry's index. ``on_applied`` (local, not replicated) is
-    called after each apply so the log can hand new entries to the loop.
+    ``append`` and ``prune`` run on the tick thread of every replica when they commit; they are
+    small and deterministic. ``on_applied`` (local, not replicated) is called after each apply
+    so the log can hand new entries to the loop; ``on_pruned`` after each prune.
     """
 
-    def __init__(self, on_applied: Callable[[], None]) -> None:
+    def __init__(self, on_applied: Callable[[], None], on_pruned: Callable[[], None]) -> None:
         # Attributes set before SyncObjConsumer.__init__ are local; those set after are dumped.
         self._on_applied = on_applied
+        self._on_pruned = on_pruned
+        self.kept = 0
+        """How many entries the last prune here kept (the next one waits for twice as many)."""
         super().__init__()
-        self.entries: list[Wire] = []
+        self.entries: list[tuple[int, Wire]] = []
+
+    @property
+    def next_index(self) -> int:
+        """The index the next entry gets."""
+        return self.entries[-1][0] + 1 if self.entries else 0
 
     @replicated
     def append(self, wire: Wire) -> int:
-        self.entries.append(wire)
+        index = self.next_index
+        self.entries.append((index, wire))
         self._on_applied()
-        return len(self.entries) - 1
+        return index
+
+    @replicated
+    def prune(self, keep_recent: int) -> int:
+        """Drop the superseded entries (`compaction.prune`); return how many went."""
+        before = len(self.entries)
+        self.entries = compaction.prune(self.entries, keep_recent)
+        self.kept = len(self.entries)
+        self._on_pruned()
+        return before - self.kept
 
 
 class KernelLog(SyncObj):
@@ -129,13 +158,17 @@ class KernelLog(SyncObj):
         self._loop = loop
         self._on_commit = on_commit
         self._lifecycle = Lifecycle.OPEN
-        self._scheduled = 0  # tick thread: entries handed to the loop so far
-        self._ready_count: int | None = None  # tick thread, once: entries applied when ready
+        self._scheduled = 0  # tick thread: indexes below it were handed to the loop
+        self._ready_count: int | None = None  # tick thread, once: next index when ready
         self._loop_gone = False  # tick thread: the loop was closed under us
-        self._delivered: list[Entry | UnknownEntry] = []  # loop thread: what on_commit saw
+        self._pruning = False  # tick thread: a prune this node asked for is in flight
+        self._prunes = 0  # tick thread: prunes applied here
+        self._applied = 0  # loop thread: the index after the last one on_commit saw
+        self._delivered_count = 0  # loop thread: on_commit calls
+        self._delivered: list[tuple[int, Entry | UnknownEntry]] = []  # loop: still retained
         self._pending: set[asyncio.Future[Any]] = set()  # loop thread: calls in flight
         self._membership_lock = asyncio.Lock()
-        self._store = _EntryStore(self._flush)
+        self._store = _EntryStore(self._flush, self._pruned)
 
         conf = self._config.syncobj_conf(
             address=self_address,
@@ -156,6 +189,7 @@ class KernelLog(SyncObj):
             self._lifecycle = Lifecycle.CLOSED
             raise BindFailed(f"cannot bind raft address {self_address}") from None
         self.addOnTickCallback(self._flush)
+        self.addOnTickCallback(self._maybe_prune)
         logger.info(
             "raft node %s started with peers %s, data in %s", self_address, others, data_path
         )
@@ -168,25 +202,53 @@ class KernelLog(SyncObj):
         Runs after each apply and on every tick: a full dump loaded at start or sent by the
         leader replaces the whole list without calling ``append``.
         """
-        entries = self._store.entries
-        start, end = self._scheduled, len(entries)
+        store = self._store
+        entries, start, end = store.entries, self._scheduled, store.next_index
         if end <= start:
             if end < start:
-                logger.warning("replicated list went back from %d to %d entries", start, end)
+                logger.warning("replicated list went back from index %d to %d", start, end)
             return
-        batch = [decode_or_unknown(wire) for wire in entries[start:end]]
+        first = len(entries)
+        while first > 0 and entries[first - 1][0] >= start:
+            first -= 1
+        batch = [(index, decode_or_unknown(wire)) for index, wire in entries[first:]]
         self._scheduled = end
+        self._to_loop(self._deliver, batch)
+
+    def _to_loop(self, callback: Callable[..., None], *args: Any) -> None:
         if self._loop_gone:
             return
         try:
-            self._loop.call_soon_threadsafe(self._deliver, start, batch)
+            self._loop.call_soon_threadsafe(callback, *args)
         except RuntimeError:
             self._loop_gone = True
             logger.warning("event loop closed; raft node %s stops delivering", self._address)
 
+    def _maybe_prune(self) -> None:
+        """On the leader, ask the group to prune once the list has grown enough (tick thread)."""
+        store, config = self._store, self._config
+        if self._pruning or len(store.entries) < max(config.prune_min_entries, 2 * store.kept):
+            return
+        if not self._isLeader():
+            return
+        self._pruning = True
+
+        def done(result: Any, code: object) -> None:  # tick thread
+            self._pruning = False
+            if FailReason.from_code(code) is not FailReason.SUCCESS:
+                logger.debug("prune not committed (%s)", FailReason.from_code(code))
+
+        self._store.prune(config.keep_recent_entries, callback=done)
+
+    def _pruned(self) -> None:
+        """After a prune applied here (tick thread): the loop forgets what went."""
+        self._prunes += 1
+        kept = frozenset(index for index, _ in self._store.entries)
+        self._to_loop(self._forget_pruned, kept, self._store.next_index)
+
     def _on_ready(self) -> None:
         """pysyncobj's onReady (tick thread): this node has applied the leader's commit index."""
-        self._ready_count = len(self._store.entries)
+        self._ready_count = self._store.next_index
 
     def _on_state_changed(self, old: int, new: int) -> None:
         logger.info(
@@ -199,22 +261,27 @@ class KernelLog(SyncObj):
 
     # -- loop thread ------------------------------------------------------------------------
 
-    def _deliver(self, start: int, batch: list[Entry | UnknownEntry]) -> None:
-        """Record and announce committed entries `start`, `start` + 1, ... (loop thread)."""
+    def _deliver(self, batch: list[tuple[int, Entry | UnknownEntry]]) -> None:
+        """Record and announce committed entries, in index order (loop thread)."""
         if self._lifecycle is Lifecycle.CLOSED:
             return
-        if start != len(self._delivered):
-            logger.error("delivery gap: got index %d, expected %d", start, len(self._delivered))
-            return
-        for offset, entry in enumerate(batch):
-            index = start + offset
-            self._delivered.append(entry)
+        for index, entry in batch:
+            if index < self._applied:
+                logger.error("delivery went back: got index %d after %d", index, self._applied)
+                continue
+            self._delivered.append((index, entry))
+            self._applied = index + 1
+            self._delivered_count += 1
             if isinstance(entry, UnknownEntry):
                 logger.warning("entry %d cannot be decoded: %s", index, entry.error)
             try:
                 self._on_commit(index, entry)
             except Exception:
                 logger.exception("on_commit raised for entry %d", index)
+
+    def _forget_pruned(self, kept: frozenset[int], below: int) -> None:
+        """Drop from `_delivered` what a prune dropped (loop thread)."""
+        self._delivered = [(i, e) for i, e in self._delivered if i in kept or i >= below]
 
     def _settle(self, future: asyncio.Future[Any], result: Any, code: object, what: str) -> None:
         if future.done():
@@ -281,8 +348,25 @@ class KernelLog(SyncObj):
 
     @property
     def applied_count(self) -> int:
-        """How many entries ``on_commit`` has seen (the next index to arrive)."""
-        return len(self._delivered)
+        """The index after the last entry ``on_commit`` has seen (the next index to arrive);
+        with no pruning, how many entries it saw."""
+        return self._applied
+
+    @property
+    def delivered_count(self) -> int:
+        """How many entries ``on_commit`` has seen: below `applied_count` when this node
+        caught up from a pruned snapshot."""
+        return self._delivered_count
+
+    @property
+    def retained_count(self) -> int:
+        """How many entries the replicated list holds now (what a snapshot would carry)."""
+        return len(self._store.entries)
+
+    @property
+    def prune_count(self) -> int:
+        """How many prunes this node applied."""
+        return self._prunes
 
     @property
     def is_ready(self) -> bool:
@@ -291,7 +375,7 @@ class KernelLog(SyncObj):
         ready_count = self._ready_count
         return (
             ready_count is not None
-            and len(self._delivered) >= ready_count
+            and self._applied >= ready_count
             and self._getLeader() is not None
         )
 
@@ -300,10 +384,16 @@ class KernelLog(SyncObj):
         return self._lifecycle
 
     def entries_from(self, index: int = 0) -> list[Entry | UnknownEntry]:
-        """Committed entries `index`, `index` + 1, ... that ``on_commit`` has already seen."""
+        """Committed entries of index `index` and above that ``on_commit`` has already seen
+        and that no prune dropped since."""
         if index < 0:
             raise ValueError(f"index must be >= 0, not {index}")
-        return list(self._delivered[index:])
+        return [entry for i, entry in self._delivered if i >= index]
+
+    def live_keys(self) -> set[str]:
+        """The object-store keys the replicated state still points to, superseded values left
+        out (`compaction.live_keys`): what the object-store collector must keep."""
+        return compaction.live_keys(list(self._store.entries))
 
     async def wait_ready(self, timeout: float = 10.0) -> None:
         """Return once `is_ready`; `NotReady` after `timeout` seconds."""
@@ -399,6 +489,7 @@ class KernelLog(SyncObj):
             if not future.done():
                 future.set_exception(LogClosed(f"raft log {self._address} closed"))
         self.removeOnTickCallback(self._flush)
+        self.removeOnTickCallback(self._maybe_prune)
         if self.tick_thread_alive():
             self.destroy()
             deadline = time.monotonic() + timeout

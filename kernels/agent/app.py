@@ -248,6 +248,13 @@ class HostAgentApp(Application):
         0.5, help="Seconds between checks that each ready replica's process is still alive."
     ).tag(config=True)
 
+    replica_logs_kept_days = Float(
+        0.0,
+        help="Days a stopped replica's kernel.log stays in <state_dir>/replicas/<id>/ for "
+        "debugging (the rest of its folder is removed once its process is reaped). 0: the "
+        "whole folder goes at once.",
+    ).tag(config=True)
+
     # -- defaults from the environment ------------------------------------------------------
 
     @default("log")
@@ -452,7 +459,9 @@ class HostAgentApp(Application):
             on_change=self._on_replicas_changed,
             config_parent=self,
             isolation=self.isolation,
+            keep_logs_for=max(0.0, self.replica_logs_kept_days) * 86400,
         )
+        self.replicas.remove_stale_folders()
 
     def init_webapp(self) -> None:
         self.web_app = web.Application(

@@ -15,14 +15,18 @@ exit), or if neither happens in time. `wait_ready` raises `StartError` saying wh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import importlib.util
+import logging
 import os
 import pwd
 import queue
 import shutil
+import stat
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +34,12 @@ from typing import Any
 from jupyter_client.manager import AsyncKernelManager
 
 from kernelfleet.privileges import kernel_uid, unreachable
+from kernelfleet.protocol import ReplicaEnv
+
+_log = logging.getLogger("kernelfleet.host.replicas")
 
 PORT_TAKEN = "Address already in use"
+KERNEL_LOG = "kernel.log"
 KERNEL_UMASK = 0o077
 """Files a per-kernel user creates are its own: the replicas of other kernels read none."""
 
@@ -312,3 +320,117 @@ async def _wait_for_text(text: Callable[[], str], wanted: str, interval: float =
         if wanted in text():
             return
         await asyncio.sleep(interval)
+
+
+def remove_replica_folder(directory: Path, *, keep_log: bool = False) -> None:
+    """Remove a replica's folder once its process is gone; with `keep_log`, all but its
+    ``kernel.log`` (the agent's own file). Never follows a link the kernel may have placed
+    (``shutil.rmtree`` is fd-based on Linux), and removes what a same-user kernel made
+    read-only. Never raises: what cannot be removed is logged."""
+    try:
+        found = os.lstat(directory)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        _log.warning("cannot remove replica folder %s: %s", directory, e)
+        return
+    if not stat.S_ISDIR(found.st_mode):
+        return
+    try:
+        if not keep_log:
+            shutil.rmtree(directory, onerror=_force_writable)
+            return
+        for entry in os.scandir(directory):
+            if entry.name == KERNEL_LOG:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, onerror=_force_writable)
+            else:
+                os.unlink(entry.path)
+    except OSError as e:
+        _log.warning("cannot remove replica folder %s: %s", directory, e)
+
+
+def _force_writable(_function: Callable[..., Any], path: str, _exc_info: Any) -> None:
+    """rmtree's error handler: a same-user kernel may have made a folder read-only or
+    unlistable. Make it and its parent the agent's to change again (never through a link)
+    and remove `path` once more; a second failure raises."""
+    for folder in (os.path.dirname(path), path):
+        if os.path.isdir(folder) and not os.path.islink(folder):
+            with contextlib.suppress(OSError):
+                os.chmod(folder, 0o700)
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, onerror=_give_up)
+    else:
+        os.unlink(path)
+
+
+def _give_up(_function: Callable[..., Any], path: str, exc_info: Any) -> None:
+    raise exc_info[1]
+
+
+def replica_dirs_in_use(proc: Path = Path("/proc")) -> set[str]:
+    """The replica folders (`ReplicaEnv.REPLICA_DIR`) of the processes running on this
+    machine, read from ``/proc/<pid>/environ`` (the agent runs as root or as its kernels'
+    user, so it may read theirs); empty where there is no ``/proc``."""
+    marker = f"{ReplicaEnv.REPLICA_DIR.value}=".encode()
+    found: set[str] = set()
+    try:
+        pids = [entry for entry in os.listdir(proc) if entry.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        try:
+            environ = (proc / pid / "environ").read_bytes()
+        except OSError:
+            continue
+        for item in environ.split(b"\0"):
+            if item.startswith(marker):
+                found.add(item[len(marker) :].decode(errors="replace"))
+    return found
+
+
+def sweep_replica_folders(
+    replicas_dir: Path,
+    *,
+    keep: Iterable[str] = (),
+    in_use: set[str] | None = None,
+    keep_logs_s: float = 0.0,
+    min_age_s: float = 0.0,
+    now: float | None = None,
+) -> list[str]:
+    """Remove the folders under `replicas_dir` of replicas no process runs (at agent start:
+    those of an agent that died, whose kernels exited with it); return their names.
+
+    Folders named in `keep` (this agent's own replicas) and those a running process points to
+    (`in_use`, by default `replica_dirs_in_use`) stay, and so do folders changed less than
+    `min_age_s` seconds ago (a replica starting now may not be in `keep` yet). A folder whose
+    ``kernel.log`` changed less than `keep_logs_s` seconds ago keeps that log alone."""
+    in_use = replica_dirs_in_use() if in_use is None else in_use
+    now = time.time() if now is None else now
+    kept = set(keep)
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(replicas_dir))
+    except OSError:
+        return removed
+    for entry in entries:
+        if entry.name in kept or not entry.is_dir(follow_symlinks=False):
+            continue
+        if entry.path in in_use or str(Path(entry.path).resolve()) in in_use:
+            continue
+        try:
+            if now - entry.stat(follow_symlinks=False).st_mtime < min_age_s:
+                continue
+        except OSError:
+            continue
+        try:
+            age = now - os.lstat(os.path.join(entry.path, KERNEL_LOG)).st_mtime
+        except OSError:
+            age = float("inf")
+        keep_log = age < keep_logs_s
+        if keep_log and {e.name for e in os.scandir(entry.path)} <= {KERNEL_LOG}:
+            continue  # only a log still kept
+        remove_replica_folder(Path(entry.path), keep_log=keep_log)
+        removed.append(entry.name)
+    return removed

@@ -6,6 +6,13 @@ call ``start`` / ``interrupt`` / ``restart`` / ``stop``, the agent calls ``watch
 notices processes that died on their own) and ``stop_all`` at exit, and reads ``models()`` for
 every heartbeat. Every state change calls ``on_change`` so the agent can heartbeat at once.
 
+A replica's folder (``<state_dir>/replicas/<id>``) is removed once its process is reaped, when
+it is stopped (a dead replica stays, folder and all, until the gateway stops or restarts it);
+a replica that failed to start keeps its ``kernel.log`` only. ``keep_logs_for`` seconds > 0
+keep every stopped replica's ``kernel.log`` (for debugging) that long. `remove_stale_folders`,
+at agent start, removes the folders of replicas no process runs any more; ``watch`` does it
+again every `SWEEP_INTERVAL` seconds (replicas of a dead agent that outlived it a while).
+
 Nothing here imports ``tornado.web``: failures are ``kernelfleet.errors`` domain errors.
 """
 
@@ -38,6 +45,8 @@ from kernelfleet.kernels.agent.kernel_process import (
     account_of,
     choose_isolation,
     process_exit_code,
+    remove_replica_folder,
+    sweep_replica_folders,
     wait_ready,
 )
 from kernelfleet.kernels.agent.ports import free_ports
@@ -53,6 +62,8 @@ ZMQ_PORTS = tuple(key for key in CONNECTION_KEYS if key.endswith("_port"))
 PORT_ATTEMPTS = 3  # launches with fresh ports when another process took one first
 # Never handed to kernels: user code must not be able to drive the host agent.
 SCRUBBED_ENV = frozenset({"KERNELFLEET_TOKEN"})
+SWEEP_INTERVAL = 300.0  # seconds between sweeps of stale replica folders
+SWEEP_MIN_AGE = 60.0  # a folder this recent may belong to a replica starting now
 
 
 class ReplicaState(enum.Enum):
@@ -271,8 +282,10 @@ class ReplicaTable:
         on_change: Callable[[], None] = lambda: None,
         config_parent: Configurable | None = None,
         isolation: Isolation | None = None,
+        keep_logs_for: float = 0.0,
     ) -> None:
         self.replicas_dir = state_dir / "replicas"
+        self.keep_logs_for = keep_logs_for
         self.isolation = isolation or choose_isolation(KernelUser.SAME, self.replicas_dir)
         self.kernel_spec_manager = kernel_spec_manager
         self.root_dir = root_dir
@@ -312,7 +325,8 @@ class ReplicaTable:
         taken: another kernel's replica here or a system account has it), ``InvalidRequest`` (a bad
         ``KERNEL_LAUNCH_TIMEOUT``) or ``KernelStartFailed`` (the process exited, or stayed silent
         past the launch timeout; the message holds the tail of its kernel.log). A replica that
-        failed to start is forgotten; its kernel.log stays on disk.
+        failed to start is forgotten; its kernel.log stays on disk (the rest of its folder
+        goes; a later sweep removes the log, unless ``keep_logs_for`` keeps it).
         """
         self._check_not_closing()
         if request.replica_id in self._replicas:
@@ -363,7 +377,7 @@ class ReplicaTable:
             except BaseException:
                 if self._replicas.get(replica.id) is replica:
                     del self._replicas[replica.id]
-                await self._discard(replica)
+                await self._discard(replica, keep_log=True)
                 raise
             self._set_state(replica, ReplicaState.READY)
         return replica
@@ -444,9 +458,17 @@ class ReplicaTable:
             await _kill_quietly(replica)  # whatever a cancelled shutdown left running
 
     async def watch(self) -> None:
-        """Check ready replicas every ``poll_interval`` s, marking dead ones, until cancelled."""
+        """Check ready replicas every ``poll_interval`` s, marking dead ones, and sweep stale
+        replica folders every `SWEEP_INTERVAL` s, until cancelled."""
+        next_sweep = time.monotonic() + SWEEP_INTERVAL
         while True:
             await asyncio.sleep(self.poll_interval)
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + SWEEP_INTERVAL
+                try:
+                    await self._sweep_later()
+                except Exception:
+                    log.exception("sweeping stale replica folders failed")
             for replica in list(self._replicas.values()):
                 if replica.state is not ReplicaState.READY or replica.lock.locked():
                     continue
@@ -625,11 +647,37 @@ class ReplicaTable:
             replica.ports.append(raft_port)
             replica.raft_address = f"{self.raft_ip}:{raft_port}"
 
-    async def _discard(self, replica: Replica) -> None:
+    def remove_stale_folders(self) -> list[str]:
+        """Remove the folders of replicas that are not this table's and that no running
+        process uses (those of an agent that died: its kernels exited with it); return their
+        names. Called at agent start."""
+        removed = sweep_replica_folders(
+            self.replicas_dir, keep=self._replicas, keep_logs_s=self.keep_logs_for
+        )
+        if removed:
+            log.info("removed %d stale replica folder(s) from %s", len(removed), self.replicas_dir)
+        return removed
+
+    async def _sweep_later(self) -> list[str]:
+        """`remove_stale_folders` while the agent runs: in a worker thread, sparing folders
+        changed in the last `SWEEP_MIN_AGE` seconds (a start may be under way)."""
+        removed = await asyncio.to_thread(
+            sweep_replica_folders,
+            self.replicas_dir,
+            keep=set(self._replicas),
+            keep_logs_s=self.keep_logs_for,
+            min_age_s=SWEEP_MIN_AGE,
+        )
+        if removed:
+            log.info("removed %d stale replica folder(s) from %s", len(removed), self.replicas_dir)
+        return removed
+
+    async def _discard(self, replica: Replica, *, keep_log: bool = False) -> None:
         """Stop the replica's process (gracefully if it still runs, within about
         ``stop_timeout``; killed otherwise), release its ports and connection file, close its
-        log, and report the change. The caller has already removed it from the table. Never
-        raises."""
+        log, remove its folder once the process is reaped (all but kernel.log with `keep_log`
+        or ``keep_logs_for``; a process still running keeps it whole), and report the change.
+        The caller has already removed it from the table. Never raises."""
         self._ports_given.difference_update(replica.ports)
         if replica.state is not ReplicaState.STOPPED:
             replica.move_to(ReplicaState.STOPPED)
@@ -647,11 +695,22 @@ class ReplicaTable:
         if replica.log_file is not None:
             replica.log_file.close()
             replica.log_file = None
+        if await process_exit_code(km) is None and _has_process(replica):
+            log.warning("replica %s: its process was not reaped; %s stays", replica.id,
+                        replica.directory)  # fmt: skip
+        else:
+            keep = keep_log or self.keep_logs_for > 0
+            await asyncio.to_thread(remove_replica_folder, replica.directory, keep_log=keep)
         self._changed()
 
     def _check_not_closing(self) -> None:
         if self._closing:
             raise Conflict("this host agent is shutting down")
+
+
+def _has_process(replica: Replica) -> bool:
+    provisioner = replica.km.provisioner
+    return provisioner is not None and bool(provisioner.has_process)
 
 
 async def _kill_quietly(replica: Replica) -> int | None:

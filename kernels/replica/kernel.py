@@ -48,6 +48,7 @@ from kernelfleet.kernels.objectstore import LocalDirectoryStore, ObjectStore
 from kernelfleet.kernels.replica.gpu_binding import GpuBinder, MoveReport
 from kernelfleet.kernels.replica.statesync import NamespaceTracker, apply, encode
 from kernelfleet.kernels.replica.statesync_delta import ApplyFailed, EncodedDelta
+from kernelfleet.kernels.replica.statesync_gc import start_collector
 from kernelfleet.protocol import (
     METADATA_KEY,
     CellKey,
@@ -254,6 +255,7 @@ class ReplicatedKernel(IPythonKernel):
             on_commit=self._on_commit,
         )
         self.group = _Group(raft, tracker, store, asyncio.get_running_loop())
+        self.object_collector = start_collector(raft, store)  # superseded objects, as leader
         shell.events.register("post_run_cell", self._notice_unsynced)
         await raft.wait_ready(timeout=float(content.get("timeout", 20)))
         self.log.info(

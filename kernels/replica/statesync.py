@@ -406,7 +406,7 @@ def encode(
 
 def _store_frame(frame: Frame, store: ObjectStore) -> str:
     known = frame._digest
-    if known is not None and store.has(known):
+    if known is not None and store.keep(known):  # refreshed: not collected meanwhile
         return known
     key = store.put_chunks(frame.chunks())
     if known is not None and key != known:
