@@ -164,6 +164,11 @@ class GroupKeeper:
                     self._kernels.persist()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), delay)
+            if changed.is_set():
+                log.info(
+                    "kernel %s: a host registered or came back: trying again to replace %s",
+                    kernel.id, lost.id,
+                )  # fmt: skip
             delay = min(delay * 2, REPAIR_RETRY_MAX)
 
     def _degrade(self, kernel: KernelRecord, reason: str) -> None:

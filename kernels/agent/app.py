@@ -41,6 +41,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from tornado import netutil, web
 from tornado.httpserver import HTTPServer
 from traitlets import (
+    Bool,
     CaselessStrEnum,
     Enum,
     Float,
@@ -216,6 +217,13 @@ class HostAgentApp(Application):
     heartbeat_interval = Float(
         help="Seconds between heartbeats to the gateway (a replica state change beats at once). "
         "Default: $KERNELFLEET_HEARTBEAT_INTERVAL, else 1.0.",
+    ).tag(config=True)
+
+    link_to_gateway = Bool(
+        True,
+        help="Keep a websocket open to the gateway once registered, so that it sees this "
+        "agent's loss at once (its close, or no answer to the gateway's pings for about 2 s) "
+        "rather than after its heartbeat timeout (5 s by default). Off: heartbeats only.",
     ).tag(config=True)
 
     launch_timeout = Float(
@@ -486,7 +494,8 @@ class HostAgentApp(Application):
             report=self.host_report,
             interval=self.heartbeat_interval,
         )
-        self.link = GatewayLink(self.heartbeat, self.token, self.instance_id)
+        if self.link_to_gateway:
+            self.link = GatewayLink(self.heartbeat, self.token, self.instance_id)
 
     # -- running ----------------------------------------------------------------------------
 
