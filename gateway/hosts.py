@@ -325,8 +325,8 @@ class HostRegistry:
         log.info("host %s forgotten: it was stopped", host_id)
 
     def _lost(self, host: HostRecord, why: str) -> None:
-        """LOST (from any heartbeating state), then the listener's `on_host_lost`."""
-        host.link = None
+        """LOST (from any heartbeating state), then the listener's `on_host_lost`. A link it
+        still holds stays its own: if it comes back, that link's close loses it again."""
         if host.alive:
             host.lost_why = why
             host.move_to(HostState.LOST)

@@ -118,3 +118,16 @@ def test_a_wrong_token_is_logged_once_per_agent(registry, caplog) -> None:
         hosts.refuse_token("h1", "10.0.0.1")
     hosts.refuse_token("h2", "10.0.0.2")
     assert caplog.text.count("wrong fleet token") == 2
+
+
+def test_a_host_back_after_missed_heartbeats_is_lost_again_when_its_open_link_closes(
+    registry,
+) -> None:
+    hosts, listener, _ = registry
+    hosts.report("h1", report(), now=0.0)
+    link = hosts.link_opened("h1", "a")
+    hosts.check_liveness(now=6.0)  # heartbeats late, the link still open
+    assert hosts.get("h1").lost_why == "missed its heartbeats for 6.0 s"
+    hosts.report("h1", report(), now=7.0)
+    assert hosts.link_closed("h1", link, "its agent's connection closed") is not None
+    assert listener.lost == ["h1", "h1"]
