@@ -28,6 +28,7 @@ from typing import Any
 from tornado import web
 from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
+from kernelfleet.errors import FleetError
 from kernelfleet.gateway.hosts import HostRegistry
 from kernelfleet.web import JsonErrorsMixin, token_from_request, token_matches
 
@@ -71,7 +72,7 @@ class HostLinkHandler(JsonErrorsMixin, WebSocketHandler):
     def open(self, *args: Any, **kwargs: Any) -> None:
         try:
             self._link = self.hosts.link_opened(self.host_id, self.instance)
-        except Exception as e:  # the host was forgotten or re-registered during the upgrade
+        except FleetError as e:  # the host was forgotten or re-registered during the upgrade
             log.warning("host %s: link refused: %s", self.host_id, e)
             self.close(4009, str(e))
             return
