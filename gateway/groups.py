@@ -5,7 +5,11 @@ the kernel runs:
 
 - `replica_died`: a replica is gone (its process exited, or its host was lost). If it was the
   kernel's last, the kernel is dead; otherwise, for a replicated kernel, a repair replaces it
-  in the background (`_replace`) so the group has its size back;
+  in the background (`_replace`) so the group has its size back. Until it has, the kernel is
+  *degraded* (`KernelRecord.degraded`: since when, and why, naming the lost replica, its host,
+  the cause, and what the replacement waits for), with a ``kernel-degraded`` event each time
+  the reason changes and ``kernel-repaired`` once whole. A replacement that cannot happen now
+  is tried again on a timer, and at once when a host registers or comes back;
 - `migrate` / `move_replica`: add-first, state kept: a new replica joins and catches up, the
   old one stops and leaves (the policy's `Migrate`, or an admin's request);
 - `drain_host`: every replica off a host, so it can be stopped.
@@ -79,6 +83,14 @@ class GroupKeeper:
         self._launch_timeout = launch_timeout
         self._metrics = metrics
         self._background = background
+        self._hosts_changed = asyncio.Event()
+        """Set (and replaced by a fresh one) when a host registers or comes back."""
+        hosts.watch(self.hosts_changed)
+
+    def hosts_changed(self) -> None:
+        """A host registered or came back: waiting repairs try again now."""
+        changed, self._hosts_changed = self._hosts_changed, asyncio.Event()
+        changed.set()
 
     # ---- losses ----------------------------------------------------------------------------
 
@@ -103,15 +115,24 @@ class GroupKeeper:
                 kernel.link.remove_replica(replica.id, f"the kernel's last replica died: {why}")
             self._linker.announce(kernel, "dead")
         elif kernel.replicated:
-            self._background.run(self._repair(kernel, replica))
+            self._degrade(kernel, f"{_lost(replica, why)}; it is being replaced")
+            self._background.run(self._repair(kernel, replica, why))
 
-    async def _repair(self, kernel: KernelRecord, lost: ReplicaRecord) -> None:
+    async def _repair(self, kernel: KernelRecord, lost: ReplicaRecord, why: str) -> None:
         """Fail over if `lost` ran the kernel, then replace it so the group has its size back.
 
         A replacement that cannot be placed or started now is tried again, `REPAIR_RETRY`
-        seconds later at first, then less often (up to `REPAIR_RETRY_MAX`), for as long as the
-        kernel lives and still misses the replica: hosts may come back or be added meanwhile.
-        Between tries the kernel's lifecycle lock is free (it may be shut down or restarted)."""
+        seconds later at first, then less often (up to `REPAIR_RETRY_MAX`), and at once when a
+        host registers or comes back (`hosts_changed`), for as long as the kernel lives and
+        still misses the replica. Between tries the kernel's lifecycle lock is free (it may be
+        shut down or restarted). However it ends, the kernel is no longer degraded if it has
+        every replica it wants (`_check_whole`)."""
+        try:
+            await self._repair_until_done(kernel, lost, why)
+        finally:
+            self._check_whole(kernel)
+
+    async def _repair_until_done(self, kernel: KernelRecord, lost: ReplicaRecord, why: str) -> None:
         async with self._lifecycle_if_current(kernel, lost) as current:
             if not current:
                 return  # shut down or restarted meanwhile
@@ -121,6 +142,7 @@ class GroupKeeper:
             await self._forget(kernel, lost)
         delay, said = REPAIR_RETRY, ""
         while True:
+            changed = self._hosts_changed
             async with self._lifecycle_if_current(kernel, lost) as current:
                 if not current or kernel.dead:
                     return
@@ -134,13 +156,49 @@ class GroupKeeper:
                             "while it lasts: %s", kernel.id, live, lost.id, e,
                         )  # fmt: skip
                         said = e.message
+                        self._degrade(kernel, f"{_lost(lost, why)}; a replacement waits: {e}")
                 else:
                     self._moved(EventType.REPLICA_REPLACED, kernel, lost, new)
                     return
                 finally:
                     self._kernels.persist()
-            await asyncio.sleep(delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), delay)
+            if changed.is_set():
+                log.info(
+                    "kernel %s: a host registered or came back: trying again to replace %s",
+                    kernel.id, lost.id,
+                )  # fmt: skip
             delay = min(delay * 2, REPAIR_RETRY_MAX)
+
+    def _degrade(self, kernel: KernelRecord, reason: str) -> None:
+        """`kernel` misses a replica, for `reason`: shown in its model, and an event."""
+        if kernel.degraded_reason == reason:
+            return
+        kernel.degrade(reason, time.time())
+        self._count_degraded()
+        degraded = kernel.degraded() or {}
+        self._events.publish(
+            EventType.KERNEL_DEGRADED,
+            {key: degraded[key] for key in ("reason", "live_replicas", "wanted_replicas")},
+            kernel_id=kernel.id,
+        )
+
+    def _count_degraded(self) -> None:
+        count = sum(1 for kernel in self._kernels.all() if kernel.degraded_since is not None)
+        self._metrics.degraded_kernels.set(count)
+
+    def _check_whole(self, kernel: KernelRecord) -> None:
+        """No longer degraded if `kernel` has every replica it wants (or is gone)."""
+        if kernel.degraded_since is None:
+            return
+        gone = not self._kernels.is_current(kernel) or kernel.dead
+        if gone or len(kernel.linkable_replicas()) >= kernel.replicas_wanted:
+            kernel.repaired()
+            self._count_degraded()
+            if not gone:
+                log.info("kernel %s: repaired, it runs on every replica it wants", kernel.id)
+                self._events.publish(EventType.KERNEL_REPAIRED, {}, kernel_id=kernel.id)
 
     @contextlib.asynccontextmanager
     async def _lifecycle_if_current(
@@ -334,3 +392,7 @@ class GroupKeeper:
         await change_members(
             self._context, through, [gone.raft_address or ""], [], self._replication.join_timeout
         )
+
+
+def _lost(replica: ReplicaRecord, why: str) -> str:
+    return f"replica {replica.id} on {replica.host_id} died ({why})"

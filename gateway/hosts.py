@@ -1,19 +1,35 @@
-"""The gateway's view of its host agents, kept current by their heartbeats.
+"""The gateway's view of its host agents, kept current by their heartbeats and links.
 
 A host agent registers and heartbeats with one idempotent call (``PUT /api/fleet/hosts/{id}``)
-carrying its GPUs and replicas. A host that misses heartbeats for ``heartbeat_timeout`` seconds is
-LOST; a heartbeat brings it back to ALIVE. A host being emptied to be stopped is DRAINING, then
-STOPPING; one dropped on purpose (`HostRegistry.forget`) is GIVEN_UP, and the registry forgets it.
+carrying its GPUs and replicas. A host being emptied to be stopped is DRAINING, then STOPPING;
+one dropped on purpose (`HostRegistry.forget`) is GIVEN_UP, and the registry forgets it.
+
+How a lost host is seen (docs/architecture.md, "Host liveness"):
+
+- **its link breaks** (fast path): once registered, an agent keeps a websocket open to the
+  gateway (``/api/fleet/hosts/{id}/link``, `HostLinkHandler`), which pings it. The agent's
+  death closes the socket at once (its kernel closes the process's sockets, so a host killed
+  outright is seen within milliseconds); a host that stops answering pings (stopped, its network
+  cut) is closed by the gateway after the link's ping timeout (about 2 s). Either way
+  `link_closed` marks it LOST, if that link was its current agent's;
+- **its heartbeats stop** (backstop, and the only path for an agent that keeps no link):
+  a host silent for ``heartbeat_timeout`` seconds is LOST (`check_liveness`).
+
+A heartbeat brings a LOST host back to ALIVE. Bad input: a report with a wrong token is refused
+(401) and logged once per agent (`refuse_token`); a second agent claiming a live host's id (another
+instance at another address) is refused with `Conflict` naming the host and the other agent's
+address, and the first is left alone.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kernelfleet.errors import InvalidRequest, NotFound
+from kernelfleet.errors import Conflict, InvalidRequest, NotFound
 from kernelfleet.gateway.event_schemas import EventType
 from kernelfleet.gateway.events import EventBus
 from kernelfleet.kernels.agent.client import HostAgentClient
@@ -68,6 +84,11 @@ class HostRecord:
     isolation: dict[str, str] | None = None
     """Which user its kernels run as, as the agent reports it (`parse_isolation`); None: it
     did not say."""
+    lost_why: str = ""
+    """Why it was last marked LOST, for the messages of the replicas lost with it."""
+    link: int | None = None
+    """The serial of the link its current agent holds open (`HostRegistry.link_opened`);
+    None: no link (not yet, or it broke)."""
 
     def move_to(self, state: HostState) -> None:
         """Go to `state`; `IllegalTransition` (naming this host) if its table forbids it."""
@@ -134,6 +155,16 @@ class HostRegistry:
         self._heartbeat_timeout = heartbeat_timeout
         self._listener: HostListener | None = None
         self._hosts: dict[str, HostRecord] = {}
+        self._watchers: list[Callable[[], None]] = []
+        self._refused: set[tuple[str, str]] = set()
+        """(host id, remote address) of agents already logged as refused."""
+        self._links = 0
+        self._closed = False
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (no arguments, on the event loop) whenever a host registers or comes
+        back: what waits for a host (a repair, say) may try again at once."""
+        self._watchers.append(callback)
 
     def listen(self, listener: HostListener) -> None:
         """Send every later report and loss to `listener` (one; the kernel service sets it
@@ -154,7 +185,10 @@ class HostRegistry:
         if not isinstance(gpus, list) or not isinstance(replicas, list):
             raise InvalidRequest("'gpus' and 'replicas' must be lists")
         isolation = parse_isolation(body.get("isolation"))
+        instance = body.get("instance")
         host = self._hosts.get(host_id)
+        if host is not None:
+            self._check_same_agent(host, address, instance)
         new = host is None
         if host is None:
             host = HostRecord(
@@ -169,7 +203,6 @@ class HostRegistry:
         if returned:
             host.move_to(HostState.ALIVE)
             log.warning("host %s is back after missing its heartbeats", host_id)
-        instance = body.get("instance")
         restarted = host.instance is not None and instance != host.instance
         if restarted:
             log.warning(
@@ -180,8 +213,79 @@ class HostRegistry:
         if new or returned:
             data = {"address": address, "gpus": len(gpus), "returned": returned}
             self._events.publish(EventType.HOST_ADDED, data, host_id=host_id)
+        if restarted:
+            host.link = None  # the old agent's link, if it still seems open, is not its
         if self._listener is not None:
             self._listener.on_host_report(host, restarted)
+        if new or returned:
+            for callback in self._watchers:
+                callback()
+        return host
+
+    def _check_same_agent(self, host: HostRecord, address: str, instance: Any) -> None:
+        """`Conflict` if another agent claims live `host`: another instance at another address
+        (one agent cannot listen where another does, so a new instance at the same address is
+        that agent restarted). Logged once per claimant; the live host is left alone."""
+        if not host.alive or host.instance is None or instance == host.instance:
+            return
+        if address == host.address:
+            return
+        message = (
+            f"host {host.id} is already registered by the agent at {host.address}, which is "
+            f"alive; the agent at {address} must use another host id (--host-id), or wait until "
+            f"that one stops"
+        )
+        if (host.id, address) not in self._refused:
+            self._refused.add((host.id, address))
+            log.error("refused a second agent claiming host %s: %s", host.id, message)
+        raise Conflict(message, reason="host-id-taken")
+
+    def refuse_token(self, host_id: str, remote: str) -> None:
+        """A report or link for `host_id` from `remote` presented a wrong token: log it the
+        first time this agent does (the caller answers 401 every time)."""
+        if (host_id, remote) in self._refused:
+            return
+        self._refused.add((host_id, remote))
+        log.error(
+            "refused host agent %r at %s: wrong fleet token (start it with the gateway's "
+            "token: --token or $KERNELFLEET_TOKEN); its later tries are refused silently",
+            host_id,
+            remote,
+        )
+
+    def check_link(self, host_id: str, instance: str) -> HostRecord:
+        """May agent `instance` open `host_id`'s link? `NotFound` for a host that has not
+        registered (an agent opens it after its first heartbeat), `Conflict` if `instance` is
+        not the host's current agent."""
+        host = self.get(host_id)
+        if instance != host.instance:
+            raise Conflict(
+                f"host {host_id} is registered by another agent (at {host.address})",
+                reason="host-id-taken",
+            )
+        return host
+
+    def link_opened(self, host_id: str, instance: str) -> int:
+        """Agent `instance` opened `host_id`'s link (checked as `check_link`): from now its
+        close means the host is lost. Returns the link's serial, for `link_closed`."""
+        host = self.check_link(host_id, instance)
+        self._links += 1
+        host.link = self._links
+        log.info("host %s linked: its loss is seen at once", host_id)
+        return self._links
+
+    def link_closed(self, host_id: str, link: int, why: str) -> HostRecord | None:
+        """Link `link` of `host_id` closed (or stopped answering) for `why`. If it is the
+        host's current link and the host heartbeats, the host is LOST now, and returned; else
+        nothing happens (an older link, a host already lost or forgotten, a gateway stopping)."""
+        host = self._hosts.get(host_id)
+        if self._closed or host is None or host.link != link:
+            return None
+        host.link = None
+        if not host.alive:
+            return None
+        log.error("host %s lost: %s", host_id, why)
+        self._lost(host, why)
         return host
 
     def check_liveness(self, now: float) -> list[HostRecord]:
@@ -221,8 +325,10 @@ class HostRegistry:
         log.info("host %s forgotten: it was stopped", host_id)
 
     def _lost(self, host: HostRecord, why: str) -> None:
-        """LOST (from any heartbeating state), then the listener's `on_host_lost`."""
+        """LOST (from any heartbeating state), then the listener's `on_host_lost`. A link it
+        still holds stays its own: if it comes back, that link's close loses it again."""
         if host.alive:
+            host.lost_why = why
             host.move_to(HostState.LOST)
             self._events.publish(EventType.HOST_LOST, {"why": why}, host_id=host.id)
         if self._listener is not None:
@@ -238,5 +344,7 @@ class HostRegistry:
         return sorted(self._hosts.values(), key=lambda host: host.id)
 
     def close(self) -> None:
+        """The gateway stops: links closing from now on say nothing about their hosts."""
+        self._closed = True
         for host in self._hosts.values():
             host.client.close()

@@ -69,7 +69,8 @@ class FleetMetrics:
 
     Who updates what: the GPU gauges from the ledger and the moving window (on collect, say);
     ``cell_start_delay`` per cell, from execute_request received to execution started;
-    ``queued_cells`` when a cell starts or stops waiting; ``migrations`` per replica moved;
+    ``queued_cells`` when a cell starts or stops waiting; ``degraded_kernels`` when a kernel
+    starts or stops missing a replica (`GroupKeeper`); ``migrations`` per replica moved;
     ``hosts_added``/``hosts_removed`` per host the autoscaler started/stopped;
     ``kernel_start`` per kernel, from the create request to the kernel answering;
     ``migration_time`` per replica moved, from asking to the new replica caught up and the old
@@ -103,6 +104,11 @@ class FleetMetrics:
             "kernelfleet_cell_start_delay_seconds",
             "Time from a cell's execute_request reaching the gateway to its execution starting.",
             buckets=CELL_START_BUCKETS,
+            registry=r,
+        )
+        self.degraded_kernels = Gauge(
+            "kernelfleet_kernels_degraded",
+            "Replicated kernels running on fewer live replicas than they want.",
             registry=r,
         )
         self.queued_cells = Gauge(

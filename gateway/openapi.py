@@ -257,6 +257,21 @@ _SCHEMAS: dict[str, Any] = {
                 "items": _ref("RecentCell"),
                 "description": "Its last 10 cells, newest last.",
             },
+            "degraded": {
+                **_object(
+                    {
+                        "since": {**_SECONDS, "description": "Unix seconds since it misses one."},
+                        "reason": {
+                            "type": "string",
+                            "description": "The true cause, and what the replacement waits for.",
+                        },
+                        "live_replicas": {**_INT, "description": "Replicas that answer now."},
+                        "wanted_replicas": {**_INT, "description": "Its replicas when whole."},
+                    }
+                ),
+                "nullable": True,
+                "description": "Null while it has every live replica it wants.",
+            },
         }
     ),
     "RecentCell": _object(
@@ -362,6 +377,39 @@ _PATHS: dict[str, Any] = {
             "responses": {
                 "200": _json(_ref("HostAck"), "Recorded; the host is alive."),
                 "400": _error("Not a valid report."),
+                **_AUTH_ERRORS,
+                "401": _error(
+                    "No token, or not the fleet token: a host agent with a wrong token is "
+                    "refused, and the gateway logs it once per agent (`reason`: `unauthorized`)."
+                ),
+                "409": _error(
+                    "Another live agent (another instance, at another address) is this host: "
+                    "the message names the host and that agent's address (`reason`: "
+                    "`host-id-taken`)."
+                ),
+            },
+        },
+    },
+    "/api/fleet/hosts/{host_id}/link": {
+        "parameters": [_HOST_ID],
+        "get": {
+            "operationId": "linkHost",
+            "summary": "A websocket a registered host agent keeps open: the gateway pings it, "
+            "and takes the host for lost the moment it closes or stops answering.",
+            "parameters": [
+                {
+                    "name": "instance",
+                    "in": "query",
+                    "required": True,
+                    "description": "The agent's instance, as its heartbeats report it.",
+                    "schema": {"type": "string"},
+                }
+            ],
+            "responses": {
+                "101": {"description": "Switching to the websocket protocol."},
+                "400": _error("Not a websocket request."),
+                "404": _error("No such host: it has not registered (yet)."),
+                "409": _error("Another agent is this host now (`reason`: `host-id-taken`)."),
                 **_AUTH_ERRORS,
             },
         },

@@ -83,7 +83,8 @@ class HostReconciler:
         for kernel, replica in self._kernels.live_replicas_on(host.id):
             replica.move_to(ReplicaState.DEAD)
             self._given_up.add(replica.id)
-            self._loss.replica_died(kernel, replica, f"host {host.id} stopped answering")
+            why = f"host {host.id} was lost: {host.lost_why or 'it stopped answering'}"
+            self._loss.replica_died(kernel, replica, why)
 
     def _stop_given_up(self, host: HostRecord, restarted: bool) -> None:
         """A host that was lost and came back may still run replicas given up for dead (they

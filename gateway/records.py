@@ -185,6 +185,39 @@ class KernelRecord:
     gpus_held: Callable[[], list[dict[str, Any]]] = _no_gpus_held
     """``[{"host", "devices"}]`` bound to it right now; the kernel service sets it (the ledger
     knows)."""
+    degraded_since: float | None = None
+    """Unix seconds since it runs on fewer live replicas than it wants; None: it has them all.
+    Set and cleared by the `GroupKeeper` only (`degrade`, `repaired`), while it repairs the
+    kernel (not stored: a restarted gateway judges the replicas afresh)."""
+    degraded_reason: str = ""
+    """Why it is degraded, for a person: the true cause and what the repair waits for."""
+
+    def degrade(self, reason: str, now: float) -> bool:
+        """Note that it misses a replica, for `reason` (the latest cause replaces an older
+        one); True when it was whole until now."""
+        first = self.degraded_since is None
+        if first:
+            self.degraded_since = now
+        self.degraded_reason = reason
+        return first
+
+    def repaired(self) -> bool:
+        """It has every replica again; True when it was degraded until now."""
+        was = self.degraded_since is not None
+        self.degraded_since, self.degraded_reason = None, ""
+        return was
+
+    def degraded(self) -> dict[str, Any] | None:
+        """The model's ``degraded``: None while whole, else ``{"since", "reason",
+        "live_replicas", "wanted_replicas"}`` (live: neither dead nor still catching up)."""
+        if self.degraded_since is None:
+            return None
+        return {
+            "since": self.degraded_since,
+            "reason": self.degraded_reason,
+            "live_replicas": len(self.linkable_replicas()),
+            "wanted_replicas": self.replicas_wanted,
+        }
 
     def model(self) -> dict[str, Any]:
         """The Jupyter kernel model (docs/gateway-contract.md)."""
@@ -194,6 +227,7 @@ class KernelRecord:
             "last_activity": self.last_activity.strftime(MODEL_TIME_FORMAT),
             "execution_state": self.execution_state,
             "connections": self.link.client_count if self.link else 0,
+            "degraded": self.degraded(),
         }
 
     def fleet_model(self) -> dict[str, Any]:
@@ -219,6 +253,7 @@ class KernelRecord:
             "user": self.user,
             "recent_cells": [cell.model() for cell in self.recent_cells],
             "waiting": self.waiting_for(),
+            "degraded": self.degraded(),
         }
 
     def waiting_for(self) -> dict[str, Any] | None:

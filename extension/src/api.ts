@@ -48,6 +48,15 @@ export interface IKernelModel {
   recent_cells?: IRecentCell[];
   /** Why its next cell waits for GPUs now; null when none waits. */
   waiting?: IWaitingModel | null;
+  /** Why it runs on fewer live replicas than it wants; null while it has them all. */
+  degraded?: IDegradedModel | null;
+}
+
+export interface IDegradedModel {
+  since: number;
+  reason: string;
+  live_replicas: number;
+  wanted_replicas: number;
 }
 
 export interface IWaitingModel {

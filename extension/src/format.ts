@@ -1,5 +1,5 @@
 /** The words the panel and the status bar use, in one place. */
-import { IGpusHeld, IRecentCell } from './api';
+import { IDegradedModel, IGpusHeld, IRecentCell } from './api';
 import { IWaiting } from './model';
 
 /** "GPU ×1 · host-2" while GPUs are held (hosts joined by ", "), else "no GPU". */
@@ -58,4 +58,9 @@ export function cellText(cell: IRecentCell): string {
   const where = cell.host ? ` on ${cell.host}` : '';
   const what = cell.gpus ? ` with ${gpus(cell.gpus)}` : '';
   return `started after ${seconds(cell.start_delay_s)}${where}${what}${moved}`;
+}
+
+/** "degraded: 2 of 3 replicas - replica … died (…); a replacement waits: …". */
+export function degradedText(degraded: IDegradedModel): string {
+  return `degraded: ${degraded.live_replicas} of ${degraded.wanted_replicas} replicas - ${degraded.reason}`;
 }

@@ -44,7 +44,7 @@ const MIN_REFRESH_INTERVAL_MS = 1000;
 const KERNEL_EVENTS = new Set([
   'kernel-started', 'kernel-stopped', 'cell-queued', 'cell-waiting', 'cell-started',
   'cell-finished', 'gpus-committed', 'gpus-released', 'replica-lost', 'replica-replaced',
-  'replica-migrated'
+  'replica-migrated', 'kernel-degraded', 'kernel-repaired'
 ]);
 
 export class FleetPanelModel {

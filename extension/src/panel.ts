@@ -1,6 +1,7 @@
 /**
  * The right-sidebar fleet panel: this notebook's kernel (replicas with host and state, the
- * executor, GPUs bound now and where, recent cells' start delays and why they waited) and the
+ * executor, whether it is degraded and why, GPUs bound now and where, recent cells' start
+ * delays and why they waited) and the
  * fleet (hosts' GPUs committed / subscribed / total, the autoscaler's last decision), then the
  * sections of other tools. It renders whatever `FleetPanelModel` holds, whenever it changes.
  */
@@ -9,7 +10,7 @@ import { Widget } from '@lumino/widgets';
 
 import { IFleetModel, IKernelModel, ISection } from './api';
 import { h, note, section, table } from './dom';
-import { cellText, count, gpus, gpusHeldText, waitingText } from './format';
+import { cellText, count, degradedText, gpus, gpusHeldText, waitingText } from './format';
 import { FleetPanelModel } from './model';
 
 export const fleetIcon = new LabIcon({
@@ -97,6 +98,9 @@ function kernelSection(kernel: IKernelModel, model: FleetPanelModel): HTMLElemen
       h('dd', 'jp-KernelfleetPanel-gpus', held.length ? gpusHeldText(held) : 'none'),
       h('dt', '', 'per cell'),
       h('dd', '', kernel.gpus === undefined ? '–' : `${gpus(kernel.gpus)} by default`)),
+    kernel.degraded
+      ? note(degradedText(kernel.degraded), 'jp-KernelfleetPanel-warning jp-KernelfleetPanel-degraded')
+      : null,
     model.waiting ? note(waitingText(model.waiting), 'jp-KernelfleetPanel-waiting') : null,
     table(['replica', 'host', 'state'], replicas, 'jp-KernelfleetPanel-replicas'),
     cells.length

@@ -20,6 +20,10 @@ class EventType(enum.Enum):
 
     KERNEL_STARTED = "kernel-started"
     KERNEL_STOPPED = "kernel-stopped"
+    KERNEL_DEGRADED = "kernel-degraded"
+    """It runs on fewer live replicas than it wants (again when the reason changes)."""
+    KERNEL_REPAIRED = "kernel-repaired"
+    """It has every replica it wants again."""
     CELL_QUEUED = "cell-queued"
     CELL_WAITING = "cell-waiting"
     CELL_STARTED = "cell-started"
@@ -82,6 +86,13 @@ DATA: dict[EventType, dict[str, Any]] = {
         user=_NSTR,
     ),
     EventType.KERNEL_STOPPED: _data("A kernel was shut down.", why=_STR),
+    EventType.KERNEL_DEGRADED: _data(
+        "A kernel runs on fewer live replicas than it wants (sent again when why changes).",
+        reason={**_STR, "description": "The true cause, and what its replacement waits for."},
+        live_replicas=_INT,
+        wanted_replicas=_INT,
+    ),
+    EventType.KERNEL_REPAIRED: _data("A degraded kernel has every replica it wants again."),
     EventType.CELL_QUEUED: _data(
         "The gateway received a cell.",
         cell_id=_STR,

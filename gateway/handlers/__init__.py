@@ -13,6 +13,7 @@ from kernelfleet.gateway.handlers.fleet import (
     OpenApiHandler,
     ReplicaMigrateHandler,
 )
+from kernelfleet.gateway.handlers.host_link import HostLinkHandler
 from kernelfleet.gateway.handlers.jupyter import (
     KernelActionHandler,
     KernelHandler,
@@ -43,6 +44,7 @@ def routes() -> list[tuple[str, type]]:
         (r"/api/fleet/events/?", FleetEventsHandler),
         (r"/api/fleet/events/stream", FleetEventsStreamHandler),
         (r"/api/fleet/hosts/?", FleetHostsHandler),
+        (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/link", HostLinkHandler),
         (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/?", FleetHostHandler),
         (r"/api/fleet/kernels/?", FleetKernelsHandler),
         (rf"/api/fleet/kernels/{_KERNEL_ID}/?", FleetKernelHandler),

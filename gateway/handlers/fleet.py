@@ -10,12 +10,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from tornado import web
+
 from kernelfleet import __version__
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.gateway.handlers.base import GatewayHandler
 from kernelfleet.gateway.hosts import HostState
 from kernelfleet.gateway.openapi import spec
-from kernelfleet.web import KernelAccess
+from kernelfleet.web import KernelAccess, token_from_request, token_matches
 
 _ANY = KernelAccess.ANY
 _OWN = KernelAccess.OWN
@@ -95,8 +97,21 @@ class FleetHostHandler(GatewayHandler):
         self.hosts.get(host_id)  # NotFound for unknown ids
         self.write_json(host_models(self)[host_id])
 
+    def check_token(self) -> None:
+        """A heartbeat takes the fleet token only: any other is 401, and the gateway logs the
+        first one from each agent (`HostRegistry.refuse_token`), not every beat."""
+        presented = token_from_request(self.request)
+        if self.request.method == "PUT" and not token_matches(presented, self.settings["token"]):
+            host_id = self.path_kwargs.get("host_id", "?")
+            self.hosts.refuse_token(host_id, self.request.remote_ip or "?")
+            raise web.HTTPError(
+                401, "not the fleet token: start the agent with the gateway's token"
+            )
+        super().check_token()
+
     def put(self, host_id: str) -> None:
-        """A host agent's registration and heartbeat (one idempotent call)."""
+        """A host agent's registration and heartbeat (one idempotent call); 409 if another
+        live agent is this host (`HostRegistry.report`)."""
         host = self.hosts.report(host_id, self.json_body(), now=time.monotonic())
         self.write_json({"id": host.id, "state": host.liveness})
 

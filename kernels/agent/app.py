@@ -41,6 +41,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from tornado import netutil, web
 from tornado.httpserver import HTTPServer
 from traitlets import (
+    Bool,
     CaselessStrEnum,
     Enum,
     Float,
@@ -60,7 +61,7 @@ from kernelfleet.kernels.agent.gpus import (
     make_inventory,
 )
 from kernelfleet.kernels.agent.handlers import handlers
-from kernelfleet.kernels.agent.heartbeat import GatewayHeartbeat
+from kernelfleet.kernels.agent.heartbeat import GatewayHeartbeat, GatewayLink
 from kernelfleet.kernels.agent.kernel_process import KernelUser, choose_isolation
 from kernelfleet.kernels.agent.replicas import ID_PATTERN, ReplicaTable
 from kernelfleet.privileges import mark_non_dumpable
@@ -216,6 +217,13 @@ class HostAgentApp(Application):
     heartbeat_interval = Float(
         help="Seconds between heartbeats to the gateway (a replica state change beats at once). "
         "Default: $KERNELFLEET_HEARTBEAT_INTERVAL, else 1.0.",
+    ).tag(config=True)
+
+    link_to_gateway = Bool(
+        True,
+        help="Keep a websocket open to the gateway once registered, so that it sees this "
+        "agent's loss at once (its close, or no answer to the gateway's pings for about 2 s) "
+        "rather than after its heartbeat timeout (5 s by default). Off: heartbeats only.",
     ).tag(config=True)
 
     launch_timeout = Float(
@@ -479,7 +487,10 @@ class HostAgentApp(Application):
         self.address = self.advertise_url or _http_url(self.ip, self.bound_port)
 
     def init_heartbeat(self) -> None:
+        """The heartbeat and, once registered, the link whose close tells the gateway at once
+        that this agent is gone (`kernelfleet.kernels.agent.heartbeat`)."""
         self.heartbeat: GatewayHeartbeat | None = None
+        self.link: GatewayLink | None = None
         if not self.gateway_url:
             self.log.warning(
                 "no gateway URL (--gateway / KERNELFLEET_GATEWAY_URL): not registering"
@@ -492,6 +503,8 @@ class HostAgentApp(Application):
             report=self.host_report,
             interval=self.heartbeat_interval,
         )
+        if self.link_to_gateway:
+            self.link = GatewayLink(self.heartbeat, self.token, self.instance_id)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -535,6 +548,7 @@ class HostAgentApp(Application):
         )
         watcher = asyncio.create_task(self.replicas.watch())
         beats = asyncio.create_task(self.heartbeat.run()) if self.heartbeat else None
+        linking = asyncio.create_task(self.link.run()) if self.link else None
         try:
             await stopping.wait()
         finally:
@@ -544,10 +558,14 @@ class HostAgentApp(Application):
             self.heartbeat.stop()
         if beats is not None:
             beats.cancel()
+        if self.link is not None and linking is not None:
+            self.link.stop()
+            linking.cancel()
         server.stop()
         watcher.cancel()
         await self.replicas.stop_all(grace=self.shutdown_timeout)
-        await asyncio.gather(watcher, *([beats] if beats else []), return_exceptions=True)
+        tasks = [task for task in (beats, linking) if task is not None]
+        await asyncio.gather(watcher, *tasks, return_exceptions=True)
         try:
             await asyncio.wait_for(server.close_all_connections(), timeout=1.0)
         except TimeoutError:

@@ -127,10 +127,28 @@ def kernel_view(model: dict[str, Any], now: float | None = None) -> View:
         ("replica", "host", "state", "role", "GPUs bound"),
         rows,
     )
+    sections = [replicas]
+    degraded = degraded_section(model.get("degraded"), now)
+    if degraded is not None:
+        sections.insert(0, degraded)
     cells = model.get("recent_cells")
-    if cells is None:
-        return View(replicas)
-    return View(replicas, cells_section(cells))
+    if cells is not None:
+        sections.append(cells_section(cells))
+    return View(*sections)
+
+
+def degraded_section(degraded: Any, now: float | None = None) -> Section | None:
+    """``degraded: 2 of 3 replicas - <reason>`` and since when, for a kernel missing a
+    replica (the model's ``degraded``); None for a whole kernel (null, or an older gateway)."""
+    if not isinstance(degraded, dict):
+        return None
+    live, wanted = degraded.get("live_replicas", "?"), degraded.get("wanted_replicas", "?")
+    note = ""
+    since = degraded.get("since")
+    if isinstance(since, int | float):
+        note = f"for {seconds((now or time.time()) - since)}; the kernel runs on meanwhile"
+    title = f"degraded: {live} of {wanted} replicas - {degraded.get('reason') or 'unknown cause'}"
+    return Section(title, note)
 
 
 def _kernel_note(model: dict[str, Any], held: dict[Any, list[Any]], now: float | None) -> str:

@@ -123,7 +123,7 @@ def test_admin_api_shows_hosts_and_kernel_replicas(fleet):
         view = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")
         assert set(view) == {
             "id", "name", "replicas", "executor", "gpus", "gpus_held", "queued_cells",
-            "last_activity", "notebook_path", "user", "recent_cells", "waiting",
+            "last_activity", "notebook_path", "user", "recent_cells", "waiting", "degraded",
         }  # fmt: skip
         assert (view["gpus"], view["gpus_held"], view["recent_cells"]) == (1, [], [])
         assert view["waiting"] is None

@@ -79,6 +79,10 @@ FAMILIES = {  # as the gateway exported them before prometheus_client, HELP text
         "Time from a cell's execute_request reaching the gateway to its execution starting.",
     ),
     "kernelfleet_queued_cells": ("gauge", "Cells waiting for GPUs or hosts (queue length)."),
+    "kernelfleet_kernels_degraded": (
+        "gauge",
+        "Replicated kernels running on fewer live replicas than they want.",
+    ),
     "kernelfleet_migrations_total": ("counter", "Replicas moved to another host."),
     "kernelfleet_scale_out_hosts_total": ("counter", "Hosts the autoscaler started (scale-outs)."),
     "kernelfleet_scale_in_hosts_total": ("counter", "Hosts the autoscaler stopped (scale-ins)."),

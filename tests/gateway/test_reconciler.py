@@ -77,7 +77,7 @@ async def test_a_lost_host_gives_its_replicas_up_and_stops_them_if_it_comes_back
     reconciler.on_host_lost(host("h1", []))
     assert kernel.replicas[0].state is ReplicaState.DEAD
     assert kernel.replicas[1].state is ReplicaState.READY
-    assert loss.died == [("k1", "r1", "host h1 stopped answering")]
+    assert loss.died == [("k1", "r1", "host h1 was lost: it stopped answering")]
     assert "h1" not in ledger.hosts()
     assert capacity.changes == 1
 

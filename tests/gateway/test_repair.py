@@ -43,12 +43,25 @@ async def test_the_executors_replica_killed_on_a_full_fleet_is_replaced_on_its_o
 
         now = wait_for(replaced, 30, "a ready replacement of the killed replica")
         assert sorted(r["host"] for r in now) == ["host-1", "host-2", "host-3"]
+        wait_for(
+            lambda: fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["degraded"] is None,
+            10,
+            "the kernel to say it is whole again",
+        )
         assert (await client.execute("print(x + 1)", timeout=60)).stdout == "42\n"
         events = fleet.api("GET", f"/api/fleet/events?kernel={kernel_id}&n=1000")
         kinds = [e["type"] for e in events]
         assert kinds.index("replica-lost") < kinds.index("replica-replaced")
         (done,) = [e for e in events if e["type"] == "replica-replaced"]
         assert (done["data"]["from_host"], done["data"]["to_host"]) == (executor["host"],) * 2
+        said = next(e["data"] for e in events if e["type"] == "kernel-degraded")
+        assert said["reason"] == (
+            f"replica {executor['id']} on {executor['host']} died (its process exited (-9)); "
+            "it is being replaced"
+        )
+        assert (said["live_replicas"], said["wanted_replicas"]) == (2, 3)
+        assert kinds.index("kernel-degraded") < kinds.index("replica-replaced")
+        assert kinds.index("replica-replaced") < kinds.index("kernel-repaired")
     finally:
         client.close()
         fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
@@ -65,6 +78,8 @@ async def test_with_every_host_holding_a_replica_the_repair_waits_and_says_why(f
         wait_for(lambda: fleet.host_state("host-3") == "lost", 30, "host-3 to be lost")
         said = "every live host holds a replica of kernel"
         wait_for(lambda: said in fleet.log(), 30, "the repair to say why it waits")
+        degraded = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["degraded"]
+        assert said in degraded["reason"], "the model says why too"
         assert fleet.log().count(said) == 1, "said once, not at every try"
         assert "no host agent is alive" not in fleet.log()
 

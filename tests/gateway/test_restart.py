@@ -25,12 +25,15 @@ from kernelfleet.testing import Fleet, KernelWebsocket, wait_for
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 
-def kill_and_spawn_gateway(fleet: Fleet, *args: str) -> None:
-    """SIGKILL the gateway and start a new one on its port and state dir; returns as soon as
-    it listens (its runtime file names it), without asking it anything."""
+def kill_and_spawn_gateway(fleet: Fleet, *args: str, lose_host: str | None = None) -> None:
+    """SIGKILL the gateway (then the host `lose_host`, so that only the new gateway can find it
+    gone) and start a new one on its port and state dir; returns as soon as it listens (its
+    runtime file names it), without asking it anything."""
     assert fleet.gateway is not None
     os.killpg(fleet.gateway.pid, signal.SIGKILL)
     fleet.gateway.wait(20)
+    if lose_host is not None:
+        fleet.signal_host(lose_host, signal.SIGKILL)
     port = int(fleet.url.rsplit(":", 1)[1])
     state_dir = fleet.state_dir / "gateway"
     gateway = fleet.gateway = fleet.spawn(
@@ -69,9 +72,7 @@ async def test_killed_gateway_lists_its_kernel_from_its_first_answer(private_fle
 async def test_a_kernel_whose_host_never_comes_back_is_reported_dead_saying_why(private_fleet):
     fleet = private_fleet(hosts=1, gpus=0, replicas=1)
     kernel_id = fleet.start_kernel()
-    fleet.signal_host("host-1", signal.SIGKILL)
-
-    kill_and_spawn_gateway(fleet, "--GatewayApp.recovery_grace=3")
+    kill_and_spawn_gateway(fleet, "--GatewayApp.recovery_grace=3", lose_host="host-1")
 
     first = fleet.api("GET", "/api/kernels")
     assert [(k["id"], k["execution_state"]) for k in first] == [(kernel_id, "starting")]
@@ -90,9 +91,7 @@ async def test_a_replicated_kernel_missing_one_host_after_a_restart_lives_on(pri
     assert (await client.execute("x = 41")).reply["status"] == "ok"
     client.close()
     lost = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"][2]
-    fleet.signal_host(lost["host"], signal.SIGKILL)
-
-    kill_and_spawn_gateway(fleet, "--GatewayApp.recovery_grace=3")
+    kill_and_spawn_gateway(fleet, "--GatewayApp.recovery_grace=3", lose_host=lost["host"])
 
     assert [k["id"] for k in fleet.api("GET", "/api/kernels")] == [kernel_id]
     client = await fleet.connect(kernel_id)
