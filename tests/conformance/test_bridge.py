@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
+import nbformat
 import pytest
 from jupyter_client.manager import start_new_kernel
 
@@ -79,3 +82,31 @@ def test_a_terminated_bridge_shuts_its_gateway_kernel_down(kernelspec, fleet):
     os.kill(pid, signal.SIGTERM)
     wait_for(lambda: new not in kernel_ids(fleet), 30, "the bridge to shut its kernel down")
     manager.shutdown_kernel(now=True)
+
+
+def readme_blocks(section: str) -> dict[str, str]:
+    """The code blocks (by language) of the README section titled `section`."""
+    text = (Path(__file__).parents[2] / "README.md").read_text()
+    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"```(\w+)\n(.*?)```", body, re.S))
+
+
+def test_the_readme_example_runs_a_notebook_on_the_fleet(fleet, tmp_path, monkeypatch):
+    blocks = readme_blocks("Any Jupyter client: `kernelfleet bridge`")
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("JUPYTER_PATH", raising=False)
+    script = blocks["bash"].replace("=TOKEN", f"={fleet.token}")
+    script = script.replace("http://127.0.0.1:8765", fleet.url)
+    done = subprocess.run(["bash", "-ec", script], capture_output=True, text=True, check=True)
+    assert re.search(r"^\s+kernelfleet\s", done.stdout, re.M), done.stdout
+    monkeypatch.chdir(tmp_path)
+    nbformat.write(
+        nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")]),
+        "train.ipynb",
+    )
+    before = set(kernel_ids(fleet))
+    namespace: dict = {}
+    exec(blocks["python"], namespace)
+    (cell,) = namespace["notebook"].cells
+    assert cell.outputs[0]["text"] == "42\n"
+    wait_for(lambda: set(kernel_ids(fleet)) <= before, 30, "the notebook's kernel to go")

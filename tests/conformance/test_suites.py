@@ -23,9 +23,11 @@ from tests.conformance.suites import bridge_kernelspec, ipykernel_tests, run_sui
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 HERE = Path(__file__).parent
+SUBSHELLS = "kernel subshells are not advertised: a subshell would exist on one replica only"
 KNOWN_DIFFERENCES = {
-    "tests.test_subshells::*": "kernel subshells are not advertised: a subshell would exist "
-    "on one replica only (docs/conformance.md)",
+    "tests.test_subshells::*": SUBSHELLS,
+    "tests.test_message_spec::test_subshell": SUBSHELLS,
+    "tests.test_message_spec::test_kernel_info_request": SUBSHELLS + " (it asserts they are)",
 }
 """Tests (JUnit ids, fnmatch patterns) a kernelfleet kernel may fail where a plain one passes,
 each with the reason."""
