@@ -11,9 +11,12 @@ request they answer; IOPub to every subscriber). Any jupyter_client tool then re
 nbclient or papermill by kernel name, ``jupyter console --kernel``, VS Code.
 
 Lifetime: the gateway kernel is shut down (``DELETE /api/kernels/{id}``) when a client's
-``shutdown_request`` has been answered, on SIGTERM or SIGINT, and whenever the bridge exits
-otherwise. The websocket that the gateway closes for a reconnect (a relink) is reopened; a
-kernel the gateway no longer has ends the bridge.
+``shutdown_request`` has been answered, on SIGTERM, and whenever the bridge exits otherwise;
+SIGINT interrupts it. jupyter_client kills a kernel's process group with SIGKILL when it
+shuts it down "now" (its tests do, at every end): for that, a reaper process of the bridge, in
+a session of its own, waits for the bridge's end (its stdin closes) and deletes the kernel
+unless the bridge said it did. The websocket that the gateway closes for a reconnect (a
+relink) is reopened; a kernel the gateway no longer has ends the bridge.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ import logging
 import os
 import signal
 import stat
+import subprocess
 import sys
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -53,6 +59,8 @@ ROUTED = ("shell", "control", "stdin")
 IDENTS_KEPT = 4096
 """Requests whose client identity is remembered, to route their replies and input requests."""
 TOKEN_ENV = "KERNELFLEET_TOKEN"
+REAPER_DONE = b"deleted\n"
+"""What the bridge writes to its reaper's stdin once it deleted the kernel itself."""
 URL_ENV = "KERNELFLEET_URL"
 
 
@@ -93,6 +101,7 @@ class Bridge:
         self.stopping = asyncio.Event()
         self._shutdown_asked: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self._reaper: subprocess.Popen[bytes] | None = None
 
     # ---- lifetime ------------------------------------------------------------------------
 
@@ -101,6 +110,7 @@ class Bridge:
         self._bind()
         try:
             self.kernel_id = await self._create_kernel()
+            self._start_reaper(self.kernel_id)
             log.info("bridge relays to kernel %s on %s", self.kernel_id, self.gateway_url)
             self.ws = await self._connect()
             self._tasks = [asyncio.create_task(self._from_clients(channel)) for channel in ROUTED]
@@ -177,8 +187,27 @@ class Bridge:
             ) from e
         return str(json.loads(response.body)["id"])
 
+    def _start_reaper(self, kernel_id: str) -> None:
+        """Start the process that deletes `kernel_id` if the bridge dies without doing it."""
+        self._reaper = subprocess.Popen(
+            [sys.executable, "-m", "kernelfleet.bridge", self.gateway_url, kernel_id],
+            stdin=subprocess.PIPE,
+            env={**os.environ, TOKEN_ENV: self.token},  # not in argv, where ps shows it
+            start_new_session=True,  # out of the process group jupyter_client kills
+        )
+
+    def _release_reaper(self) -> None:
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None and reaper.stdin is not None:
+            with contextlib.suppress(OSError):
+                reaper.stdin.write(REAPER_DONE)
+                reaper.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                reaper.wait(5)
+
     async def _delete_kernel(self) -> None:
         if self.kernel_id is None:
+            self._release_reaper()
             return
         kernel_id, self.kernel_id = self.kernel_id, None
         try:
@@ -190,6 +219,7 @@ class Bridge:
             log.error("kernel %s may still run on the gateway (unreachable: %s)", kernel_id, e)
         else:
             log.info("kernel %s shut down on the gateway", kernel_id)
+        self._release_reaper()
 
     async def _connect(self) -> WebSocketClientConnection:
         ws_url = self.gateway_url.replace("http", "ws", 1)
@@ -437,3 +467,27 @@ class BridgeApp(Application):
             loop.add_signal_handler(signal.SIGTERM, bridge.stop)
             loop.add_signal_handler(signal.SIGINT, interrupt)
         await bridge.run()
+
+
+def reap(gateway_url: str, kernel_id: str) -> None:
+    """The reaper (``python -m kernelfleet.bridge URL KERNEL_ID``): wait until the bridge ends
+    (stdin closes), then delete the gateway kernel unless the bridge wrote `REAPER_DONE`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if REAPER_DONE in sys.stdin.buffer.read():
+        return
+    request = urllib.request.Request(
+        f"{gateway_url.rstrip('/')}/api/kernels/{kernel_id}",
+        method="DELETE",
+        headers={"Authorization": f"token {os.environ.get(TOKEN_ENV, '')}"},
+    )
+    try:
+        urllib.request.urlopen(request, timeout=60).close()
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            print(f"kernelfleet bridge: kernel {kernel_id} may still run: {e}", file=sys.stderr)
+    except OSError as e:
+        print(f"kernelfleet bridge: kernel {kernel_id} may still run: {e}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    reap(*sys.argv[1:3])

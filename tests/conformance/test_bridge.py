@@ -110,3 +110,14 @@ def test_the_readme_example_runs_a_notebook_on_the_fleet(fleet, tmp_path, monkey
     (cell,) = namespace["notebook"].cells
     assert cell.outputs[0]["text"] == "42\n"
     wait_for(lambda: set(kernel_ids(fleet)) <= before, 30, "the notebook's kernel to go")
+
+
+def test_a_bridge_killed_with_its_process_group_leaves_no_gateway_kernel(kernelspec, fleet):
+    """jupyter_client's ``shutdown_kernel(now=True)`` SIGKILLs the process group: the bridge's
+    reaper, in a session of its own, deletes the kernel."""
+    before = set(kernel_ids(fleet))
+    manager, client = start_new_kernel(kernel_name="fleet-test", startup_timeout=90)
+    client.stop_channels()
+    (new,) = set(kernel_ids(fleet)) - before
+    manager.shutdown_kernel(now=True)
+    wait_for(lambda: new not in kernel_ids(fleet), 30, "the reaper to shut the kernel down")

@@ -5,6 +5,7 @@ On a 3-host fleet whose kernels have 3 replicas, through the gateway's websocket
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -122,3 +123,39 @@ async def test_shutdown_request_stops_every_replica_and_removes_the_kernel(fleet
         wait_for(lambda: not any(pid_alive(p) for p in pids), 30, "every replica to stop")
     finally:
         client.close()
+
+
+async def test_shutdown_request_with_restart_restarts_the_whole_kernel(fleet3):
+    kernel_id = fleet3.start_kernel()
+    client = await fleet3.connect(kernel_id)
+    try:
+        await client.execute("x = 1")
+        before = {r["id"] for r in fleet3.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]}
+        msg_id = client.send("shutdown_request", {"restart": True}, channel="control")
+        reply = await next_message(
+            client,
+            lambda m: m["channel"] == "control" and m["parent_header"].get("msg_id") == msg_id,
+        )
+        assert reply["content"] == {"status": "ok", "restart": True}
+
+        def restarted() -> set[str] | None:
+            model = fleet3.api("GET", f"/api/fleet/kernels/{kernel_id}")
+            ready = {r["id"] for r in model["replicas"] if r["state"] == "ready"}
+            return ready if len(ready) == 3 and not ready & before else None
+
+        wait_for(restarted, 60, "three new replicas")
+        client.close()
+        # A client that connects while the gateway links the new replicas meets a link without
+        # them (KernelDead): a platform race of any restart, left to the restart's owners.
+        deadline = time.monotonic() + 30
+        while True:
+            client = await fleet3.connect(kernel_id)
+            reply = await client.execute("print('x' in dir())", timeout=60)
+            if reply.reply.get("ename") != "KernelDead" or time.monotonic() > deadline:
+                break
+            client.close()
+            await asyncio.sleep(0.5)
+        assert reply.stdout == "False\n", reply.reply
+    finally:
+        client.close()
+        fleet3.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
