@@ -63,6 +63,11 @@ async def test_kernel_info_is_ipythons_with_kernelfleet_beside_it(fleet3):
             reply = (await client.request(request, {}, channel="control")).reply
             assert reply["status"] == "error", reply
             assert reply["ename"] == "SubshellsUnsupported"
+
+        debug = {"type": "request", "seq": 1, "command": "initialize", "arguments": {}}
+        reply = (await client.request("debug_request", debug, channel="control")).reply
+        assert reply["success"] is False
+        assert reply["command"] == "initialize"
     finally:
         client.close()
         fleet3.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
