@@ -31,6 +31,11 @@ from kernelfleet.states import Transitions, check_transition
 
 log = logging.getLogger("kernelfleet.gateway.cells")
 
+IDLE_GRACE = 1.0
+"""Seconds a cell whose replica went idle waits for its ``execute_reply`` before it ends as
+IDLE. A replica sends the reply before the idle status, but on another socket: the idle may
+arrive first, and an ``error`` reply must still stop the client's later cells."""
+
 
 class CellOutcome(enum.Enum):
     """How a cell's run on its replica ended (`Cell.ended`); PENDING until it does.
@@ -284,10 +289,12 @@ class CellQueue:
             cell.end(outcome)
 
     def finish_idle(self, cell_id: str, replica_id: str) -> None:
-        """The replica of `cell_id` went idle: the cell ended if the replica had begun it
-        (a replica that refused it goes idle too, and its reply says what comes next)."""
+        """The replica of `cell_id` went idle: the cell ends if the replica had begun it (a
+        replica that refused it goes idle too, and its reply says what comes next), with its
+        reply's outcome if that arrives within `IDLE_GRACE`, else as IDLE."""
         if self.current is not None and self.current.id == cell_id and self.current.running:
-            self.finish(cell_id, CellOutcome.IDLE, replica_id)
+            loop = asyncio.get_running_loop()
+            loop.call_later(IDLE_GRACE, self.finish, cell_id, CellOutcome.IDLE, replica_id)
 
     def client_gone(self, client: CellClient) -> None:
         """A client closed: its waiting cells are dropped, and its current cell, if not begun,

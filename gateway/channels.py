@@ -7,6 +7,11 @@ gets its own DEALER sockets for shell, control and stdin to each replica (`Clien
 replies route back to the client that asked. Each request is answered by one replica, and only
 that replica's messages about it are relayed. Messages from the kernel are HMAC-checked; a bad
 one is logged and dropped, never relayed.
+
+Comm messages are booked in the link's `CommTable` (`kernelfleet.gateway.comms`): a comm lives
+on one replica, and is closed for the frontends when the executor moves off it. A
+``shutdown_request`` on control stops the whole kernel (or restarts it, for ``restart: true``)
+through the link's `KernelLifecycle`, answered as a plain kernel answers it.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 import zmq.asyncio
@@ -36,6 +41,7 @@ from kernelfleet.gateway.cells import (
     cell_gpus,
     stops_on_error,
 )
+from kernelfleet.gateway.comms import COMM_TYPES, CommTable, comm_id_of
 from kernelfleet.gateway.framing import (
     DELIMITER,
     ClientMessage,
@@ -63,6 +69,15 @@ OnClosed = Callable[[], None]
 
 ROUTES_KEPT = 4096
 """Requests whose answering replica is remembered (late output of old cells included)."""
+
+
+class KernelLifecycle(Protocol):
+    """Who stops and restarts a whole kernel (the `KernelService`), for a client's
+    ``shutdown_request``."""
+
+    async def shutdown(self, kernel_id: str) -> None: ...
+
+    async def restart(self, kernel_id: str) -> Any: ...
 
 
 def replica_session(info: ConnectionInfo, session_id: str | None = None) -> Session:
@@ -173,6 +188,11 @@ class KernelLink:
         self._routes: OrderedDict[str, str] = OrderedDict()
         self._clients: set[ClientLink] = set()
         self.cells = CellQueue(kernel_id, assign, self._dispatch_cell, watcher)
+        self.comms = CommTable(kernel_id)
+        self.lifecycle: KernelLifecycle | None = None
+        """Set by whoever owns the kernel; without it a ``shutdown_request`` reaches the
+        primary replica alone."""
+        self._stopping: asyncio.Task[None] | None = None
 
     async def add_replica(self, replica_id: str, info: ConnectionInfo, timeout: float) -> None:
         """Subscribe to a live replica and open every client's sockets to it."""
@@ -202,10 +222,34 @@ class KernelLink:
             client.close_replica(replica_id)
         if self.primary == replica_id:
             self.primary = next(iter(self.feeds), None)
+        self._close_stranded_comms()
 
     def set_primary(self, replica_id: str) -> None:
-        if replica_id in self.feeds:
+        if replica_id in self.feeds and replica_id != self.primary:
             self.primary = replica_id
+            self._close_stranded_comms()
+
+    def _close_stranded_comms(self) -> None:
+        """Tell the clients of each comm held by a replica other than the executor that it
+        is closed (`CommTable.executor_changed`)."""
+        for comm_id in self.comms.executor_changed(self.primary, set(self.feeds)):
+            self.broadcast("iopub", self.comms.close_message(comm_id))
+
+    def stop_kernel(self, restart: bool) -> None:
+        """A client asked on control to shut the kernel down (or restart it): the whole
+        kernel, through `lifecycle`, in the background (this link closes on the way)."""
+        lifecycle = self.lifecycle
+        if lifecycle is None or (self._stopping is not None and not self._stopping.done()):
+            return
+        call = lifecycle.restart if restart else lifecycle.shutdown
+        self._stopping = asyncio.ensure_future(self._stop(call, restart))
+
+    async def _stop(self, call: Callable[[str], Any], restart: bool) -> None:
+        try:
+            await call(self.kernel_id)
+        except Exception:
+            what = "restart" if restart else "shutdown"
+            log.exception("kernel %s: the %s a client asked for failed", self.kernel_id, what)
 
     async def nudge(self, timeout: float) -> None:
         """Nudge every replica's subscription (after a restart on the same ports)."""
@@ -230,6 +274,8 @@ class KernelLink:
         self._clients.add(client)
         for replica_id, feed in self.feeds.items():
             client.open_replica(replica_id, feed.info)
+        for comm_id in self.comms.closed_earlier():  # it may hold them from before
+            deliver("iopub", self.comms.close_message(comm_id))
         return client
 
     def detach(self, client: ClientLink) -> None:
@@ -264,6 +310,8 @@ class KernelLink:
             self.cells.mark_running(parent, replica_id)
         elif message.msg_type == "status" and parent and b'"idle"' in message.raw_content:
             self.cells.finish_idle(parent, replica_id)
+        if message.msg_type in COMM_TYPES:
+            self.comms.kernel_sent(message.msg_type, message.raw_content, replica_id)
         self._on_iopub(replica_id, message)
         self.broadcast("iopub", message)
 
@@ -327,11 +375,41 @@ class ClientLink:
             return
         if message.msg_type == "interrupt_request":
             self._link.cells.cancel_waiting("interrupted while waiting to run")
+        stops = message.channel == "control" and message.msg_type == "shutdown_request"
+        if stops and self._link.lifecycle is not None:
+            self._shutdown_kernel(message)
+            return
+        comm = message.msg_type in COMM_TYPES
+        if comm:
+            unknown = self._link.comms.unknown(message.msg_type, message.parts[3])
+            if unknown is not None:  # no replica would answer: the frontend hears it is closed
+                parent = json.loads(message.parts[0])
+                self.deliver("iopub", self._link.comms.close_message(unknown, parent))
+                return
         target = self._target(message)
         if target is None:
             raise KernelDead(f"kernel {self._link.kernel_id} has no live replica")
+        if comm:
+            self._link.comms.client_sent(message.msg_type, message.parts[3], target)
         self._link.route(message.msg_id, target)
         await self._send_to(target, message.channel, message.parts, message.buffers)
+
+    def _shutdown_kernel(self, message: ClientMessage) -> None:
+        """Answer a ``shutdown_request`` as a plain kernel does (``shutdown_reply`` on control
+        and on IOPub), then stop or restart the whole kernel (`KernelLink.stop_kernel`)."""
+        try:
+            content = json.loads(message.parts[3])
+        except ValueError:
+            content = {}
+        restart = bool(content.get("restart", False)) if isinstance(content, dict) else False
+        parent = json.loads(message.parts[0])
+        reply = {"status": "ok", "restart": restart}
+        self._publish("shutdown_reply", reply, parent, channel="control")
+        self._link.broadcast(
+            "iopub",
+            kernel_message_from_dict(self._session.msg("shutdown_reply", reply, parent)),
+        )
+        self._link.stop_kernel(restart)
 
     async def send_cell(self, cell: Cell, assignment: Assignment, yielders: list[str]) -> None:
         """Send `cell` with the LEAD role to its replica and the YIELD role to `yielders`."""
@@ -413,6 +491,10 @@ class ClientLink:
         link = self._link
         if message.channel == "stdin" and self._stdin_replica in link.feeds:
             return self._stdin_replica
+        if message.msg_type in COMM_TYPES:
+            held_by = link.comms.replica_of(comm_id_of(message.parts[3]) or "")
+            if held_by in link.feeds:
+                return held_by
         running = link.cells.current_assignment
         if message.channel == "control" and running is not None:
             return running.replica_id

@@ -344,6 +344,7 @@ class KernelService:
         kernel = self.get(kernel_id)
         if kernel.link is None:
             raise KernelDead(f"kernel {kernel_id} has no running replica")
+        kernel.link.lifecycle = self  # a client's shutdown_request stops the whole kernel
         return kernel.link.attach(session_id, deliver, on_closed)
 
     def restore(self) -> int:

@@ -27,6 +27,10 @@ class KernelfleetApp(Application):
             "kernelfleet.replay.app.ReplayApp",
             "Replay a trace against a live gateway, as a population of notebook users.",
         ),
+        "bridge": (
+            "kernelfleet.bridge.BridgeApp",
+            "Serve a Jupyter connection file with a kernel of a gateway (kernelspecs: 'install').",
+        ),
         "host": (
             "kernelfleet.kernels.agent.app.HostAgentApp",
             "Start a host agent: GPU inventory and kernel launcher for one machine.",

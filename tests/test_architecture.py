@@ -56,6 +56,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "kernelfleet.web": SHARED,
     "kernelfleet.replay": (*SHARED, "kernelfleet.scheduler"),
     "kernelfleet.cli": (),
+    "kernelfleet.bridge": (),  # a client of the gateway's Jupyter API, as jupyter_server is
     "kernelfleet.__main__": ("kernelfleet.cli",),
     "kernelfleet.kernels": (),  # the package's own __init__: a docstring
     "kernelfleet.testing": ("kernelfleet",),  # the pytest plugin drives every process

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 import socket
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import IPython
 from ipykernel.ipkernel import IPythonKernel
 from ipykernel.kernelapp import IPKernelApp
 
@@ -71,6 +73,18 @@ MEMBERSHIP_DEADLINE = 10.0  # seconds to get a membership change through pysynco
 OWED_DELTA_WAIT = 15.0  # seconds to wait for another replica's owed delta before going on
 CELLS_REMEMBERED = 10_000  # cells whose executor is remembered, to refuse a duplicate
 MAGICS_EXTENSION = "kernelfleet.kernels.magics"  # %fleet, %gpus and the tools' magics
+HELP_LINK = {
+    "text": "kernelfleet",
+    "url": "https://github.com/kernelfleet/kernelfleet/blob/main/docs/conformance.md",
+}
+"""kernelfleet's entry in ``kernel_info_reply.help_links`` (JupyterLab's Help menu)."""
+UNSUPPORTED_FEATURES = ("kernel subshells", "debugger")
+"""ipykernel features a replica does not advertise in ``supported_features``
+(docs/conformance.md): a subshell would exist on one replica only, and the debugger's
+breakpoints and stopped threads would stay on the replica that ran the last cell."""
+SUBSHELL_REQUESTS = ("create_subshell_request", "delete_subshell_request", "list_subshell_request")
+SUBSHELLS_UNSUPPORTED = "SubshellsUnsupported"
+"""The ``ename`` of the error reply to a subshell request."""
 NEVER_INHERITED = ("KERNELFLEET_TOKEN",)
 """Variables a replica removes from its environment at start: the fleet (admin) token, which
 the host agent never passes on; the replica drops it too, whoever launched it."""
@@ -105,8 +119,14 @@ def hold_port(address: str) -> socket.socket | None:
 
 
 class ReplicatedKernel(IPythonKernel):
-    implementation = "kernelfleet"
-    implementation_version = __version__
+    """IPython's kernel, replicated. Its ``kernel_info_reply`` is IPython's (implementation
+    ``ipython``, IPython's version: clients that check for IPython keep working) plus a
+    ``kernelfleet`` field, ``{"version", "replicas"}``, and a `HELP_LINK`. It advertises
+    neither subshells nor the debugger (`UNSUPPORTED_FEATURES`); a subshell request gets an
+    error reply (`SUBSHELLS_UNSUPPORTED`), a ``debug_request`` a failed DAP response."""
+
+    implementation = "ipython"
+    implementation_version = IPython.__version__
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -120,6 +140,9 @@ class ReplicatedKernel(IPythonKernel):
         tables = {Channel.SHELL: self.shell_handlers, Channel.CONTROL: self.control_handlers}
         for request, handler in handlers.items():
             tables[request.channel][request.value] = handler
+        for msg_type in SUBSHELL_REQUESTS:
+            self.control_handlers[msg_type] = functools.partial(self._refuse_subshells, msg_type)
+        self.help_links = [*self.help_links, HELP_LINK]
         self.gpus = GpuBinder()
         self.replica_id = os.environ.get(ReplicaEnv.REPLICA_ID, "")
         self.replica_dir = Path(os.environ.get(ReplicaEnv.REPLICA_DIR, "."))
@@ -143,6 +166,44 @@ class ReplicatedKernel(IPythonKernel):
             self.user_shell.extension_manager.load_extension(MAGICS_EXTENSION)
         except Exception:
             self.log.exception("kernelfleet's magics did not load; the kernel runs without them")
+
+    @property
+    def kernel_info(self) -> dict[str, Any]:
+        info = dict(super().kernel_info)
+        features = info.get("supported_features", [])
+        info["supported_features"] = [f for f in features if f not in UNSUPPORTED_FEATURES]
+        info["debugger"] = False
+        group = self.group
+        replicas = len(group.raft.members) if group is not None else 1
+        info["kernelfleet"] = {"version": __version__, "replicas": replicas}
+        return info
+
+    async def _refuse_subshells(self, msg_type: str, stream: Any, ident: Any, parent: dict) -> None:
+        """Answer a subshell request with an error reply: subshells are not advertised."""
+        why = (
+            "kernelfleet kernels do not support subshells: a subshell would exist on one "
+            "replica only (docs/conformance.md)"
+        )
+        content = {
+            "status": "error",
+            "ename": SUBSHELLS_UNSUPPORTED,
+            "evalue": why,
+            "traceback": [f"{SUBSHELLS_UNSUPPORTED}: {why}"],
+        }
+        assert self.session is not None
+        self.session.send(stream, msg_type.replace("_request", "_reply"), content, parent, ident)
+
+    async def do_debug_request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """A failed DAP response: the debugger is not advertised (`UNSUPPORTED_FEATURES`)."""
+        return {
+            "type": "response",
+            "request_seq": msg.get("seq", 0),
+            "success": False,
+            "command": msg.get("command", ""),
+            "message": "kernelfleet kernels have no debugger: breakpoints would stay on one "
+            "replica (docs/conformance.md)",
+            "body": {},
+        }
 
     @property
     def user_shell(self) -> Any:
