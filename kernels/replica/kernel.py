@@ -73,11 +73,6 @@ MEMBERSHIP_DEADLINE = 10.0  # seconds to get a membership change through pysynco
 OWED_DELTA_WAIT = 15.0  # seconds to wait for another replica's owed delta before going on
 CELLS_REMEMBERED = 10_000  # cells whose executor is remembered, to refuse a duplicate
 MAGICS_EXTENSION = "kernelfleet.kernels.magics"  # %fleet, %gpus and the tools' magics
-HELP_LINK = {
-    "text": "kernelfleet",
-    "url": "https://github.com/kernelfleet/kernelfleet/blob/main/docs/conformance.md",
-}
-"""kernelfleet's entry in ``kernel_info_reply.help_links`` (JupyterLab's Help menu)."""
 UNSUPPORTED_FEATURES = ("kernel subshells", "debugger")
 """ipykernel features a replica does not advertise in ``supported_features``
 (docs/conformance.md): a subshell would exist on one replica only, and the debugger's
@@ -121,7 +116,8 @@ def hold_port(address: str) -> socket.socket | None:
 class ReplicatedKernel(IPythonKernel):
     """IPython's kernel, replicated. Its ``kernel_info_reply`` is IPython's (implementation
     ``ipython``, IPython's version: clients that check for IPython keep working) plus a
-    ``kernelfleet`` field, ``{"version", "replicas"}``, and a `HELP_LINK`. It advertises
+    ``kernelfleet`` field, ``{"version", "replicas"}`` (no help link: the project has no
+    public home page to point at yet). It advertises
     neither subshells nor the debugger (`UNSUPPORTED_FEATURES`); a subshell request gets an
     error reply (`SUBSHELLS_UNSUPPORTED`), a ``debug_request`` a failed DAP response."""
 
@@ -142,7 +138,6 @@ class ReplicatedKernel(IPythonKernel):
             tables[request.channel][request.value] = handler
         for msg_type in SUBSHELL_REQUESTS:
             self.control_handlers[msg_type] = functools.partial(self._refuse_subshells, msg_type)
-        self.help_links = [*self.help_links, HELP_LINK]
         self.gpus = GpuBinder()
         self.replica_id = os.environ.get(ReplicaEnv.REPLICA_ID, "")
         self.replica_dir = Path(os.environ.get(ReplicaEnv.REPLICA_DIR, "."))

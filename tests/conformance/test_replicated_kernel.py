@@ -54,7 +54,6 @@ async def test_kernel_info_is_ipythons_with_kernelfleet_beside_it(fleet3):
         assert info["implementation"] == "ipython"
         assert info["implementation_version"] == IPython.__version__
         assert info["kernelfleet"] == {"version": __version__, "replicas": 3}
-        assert "kernelfleet" in [link["text"] for link in info["help_links"]]
         assert "kernel subshells" not in info["supported_features"]
         assert "debugger" not in info["supported_features"]
         assert info["debugger"] is False
