@@ -1,0 +1,351 @@
+"""The chaos soak's fleet, its faults and its watch on the admin API (`kernelfleet.testing.chaos`
+holds the workload and the verdict; `run_soak` ties them together).
+
+`ChaosFleet` starts a gateway and host agents as real processes (`kernelfleet.testing.Fleet`);
+with network cuts among the faults, each agent runs in a network namespace of its own
+(`kernelfleet.testing.netns`). The gateway runs with ``stop_kernels_on_exit`` False, as a
+gateway that must outlive restarts does.
+
+The faults (`FaultKind`), one at a time, each once the fleet is whole again (every host alive,
+every kernel with all the replicas it wants) or `Soak.heal_timeout` s passed:
+
+- ``kill-replica``: SIGKILL one replica process of a random kernel;
+- ``kill-agent``: SIGKILL a random host agent, with its replicas (half the time: the machine
+  died) or without (the agent alone crashed); it starts again after `Soak.down` s, as a machine
+  that comes back;
+- ``kill-gateway``: SIGKILL the gateway and start it again at once on the same port and state;
+- ``stop-replica``: SIGSTOP one replica for `Soak.stop_for` s, then SIGCONT;
+- ``cut-network``: pull both cables (control and Raft) of a random host for `Soak.cut_for` s.
+
+`Watch` polls the admin API every half second: replicas that appear (replacements), the time each
+kernel is degraded (the kernel model's ``degraded`` when it has one, else fewer live replicas
+than wanted), the time the gateway does not answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelfleet.testing.chaos import LIVE_REPLICA_STATES
+from kernelfleet.testing.fleet import TOKEN, Fleet
+from kernelfleet.testing.netns import CONTROL, RAFT, Topology, build_topology, start_host_in
+from kernelfleet.testing.processes import descendants, kill_all
+
+log = logging.getLogger("kernelfleet.testing.chaos")
+
+
+class FaultKind(enum.Enum):
+    KILL_REPLICA = "kill-replica"
+    KILL_AGENT = "kill-agent"
+    KILL_GATEWAY = "kill-gateway"
+    STOP_REPLICA = "stop-replica"
+    CUT_NETWORK = "cut-network"
+
+
+@dataclass
+class Soak:
+    """How the chaos loop behaves (durations in seconds)."""
+
+    kinds: tuple[FaultKind, ...] = tuple(FaultKind)
+    interval: float = 15.0
+    """From one fault's start to the next one's (longer when a fault lasts or repair waits)."""
+    stop_for: float = 10.0
+    cut_for: float = 60.0
+    down: float = 10.0
+    """How long a killed host agent stays down before it starts again."""
+    heal_timeout: float = 90.0
+    """How long to wait for the fleet to be whole before the next fault is injected anyway."""
+    replicas: int = 3
+
+
+@dataclass
+class Fault:
+    kind: FaultKind
+    at: float
+    """`time.time()` when injected."""
+    target: str
+    kernels: list[str]
+    """The kernels it hit (a replica of theirs, or every kernel for the gateway)."""
+    ended: float = 0.0
+    """When it was undone (a stopped replica resumed, a cable plugged in, an agent back)."""
+    waited: float = 0.0
+    """Seconds the loop waited for the fleet to be whole before this fault."""
+    whole: bool = True
+    """Whether the fleet was whole when it was injected."""
+
+    def model(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "at": self.at,
+            "target": self.target,
+            "kernels": self.kernels,
+            "lasted_s": round(self.ended - self.at, 3) if self.ended else None,
+            "waited_for_whole_s": round(self.waited, 3),
+            "fleet_was_whole": self.whole,
+        }
+
+
+@dataclass
+class ChaosFleet:
+    """A gateway and `hosts` agents, in namespaces when `topology` is set."""
+
+    fleet: Fleet
+    host_count: int
+    gpus: int
+    topology: Topology | None = None
+    stopped: set[int] = field(default_factory=set)
+    """Pids SIGSTOPped and not yet resumed (resumed by `stop`)."""
+
+    @classmethod
+    def start(cls, root: Path, hosts: int = 3, gpus: int = 1, namespaces: bool = False,
+              replicas: int = 3) -> ChaosFleet:  # fmt: skip
+        """Start the fleet in folder `root`; `namespaces`: each agent in a network namespace
+        (`NamespacesUnavailable` if this machine cannot)."""
+        topology = build_topology(hosts) if namespaces else None
+        ip = topology.gateway_ip if topology is not None else "127.0.0.1"
+        fleet = Fleet(state_dir=root / "fleet", token=TOKEN, env={}, ip=ip)
+        fleet.state_dir.mkdir(parents=True, exist_ok=True)
+        chaos = cls(fleet, hosts, gpus, topology)
+        try:
+            fleet.gateway_args = (
+                "--replicas",
+                str(replicas),
+                "--GatewayApp.stop_kernels_on_exit=False",
+            )
+            fleet.start_gateway(*fleet.gateway_args)
+            for i in range(1, hosts + 1):
+                chaos.start_host(i)
+        except BaseException:
+            chaos.stop()
+            raise
+        return chaos
+
+    def start_host(self, i: int) -> None:
+        if self.topology is not None:
+            start_host_in(self.fleet, self.topology, i, self.gpus)
+        else:
+            self.fleet.start_host(f"host-{i}", self.gpus)
+
+    def stop(self) -> None:
+        """Stop every process (resuming stopped ones first) and remove the namespaces."""
+        kill_all(self.stopped, signal.SIGCONT)
+        below: set[int] = set()
+        for process in self.fleet.hosts.values():
+            below.update(descendants(process.pid))
+        self.fleet.stop()
+        kill_all(below)  # replicas that outlived their agent
+        if self.topology is not None:
+            self.topology.destroy()
+
+    # ---- the admin API ---------------------------------------------------------------------
+
+    def snapshot(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        """(kernels, hosts) as the admin API lists them, or None if the gateway does not
+        answer."""
+        try:
+            status, kernels = self.fleet.request("GET", "/api/fleet/kernels")
+            if status != 200:
+                return None
+            status, hosts = self.fleet.request("GET", "/api/fleet/hosts")
+        except OSError:
+            return None
+        return (kernels, hosts) if status == 200 else None
+
+    # ---- faults ----------------------------------------------------------------------------
+
+    def kill_replica(self, replica: dict[str, Any]) -> None:
+        os.kill(replica["pid"], signal.SIGKILL)
+
+    def kill_agent(self, i: int, with_replicas: bool) -> None:
+        host_id = f"host-{i}"
+        if with_replicas:
+            self.fleet.signal_host(host_id)
+        else:
+            process = self.fleet.hosts[host_id]
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+    def restart_gateway(self) -> None:
+        self.fleet.restart_gateway(signal.SIGKILL)
+
+    def stop_replica(self, pid: int) -> None:
+        os.kill(pid, signal.SIGSTOP)
+        self.stopped.add(pid)
+
+    def resume_replica(self, pid: int) -> None:
+        kill_all([pid], signal.SIGCONT)
+        self.stopped.discard(pid)
+
+    def cut(self, i: int) -> None:
+        assert self.topology is not None
+        self.topology.cut(i, (CONTROL, RAFT))
+
+    def heal(self, i: int) -> None:
+        assert self.topology is not None
+        self.topology.heal(i, (CONTROL, RAFT))
+
+
+def degraded(kernel: dict[str, Any], wanted: int) -> bool:
+    """The kernel model's ``degraded`` where it has one (issue 12's contract), else whether
+    fewer than `wanted` replicas are live."""
+    if "degraded" in kernel:
+        return kernel["degraded"] is not None
+    return sum(r["state"] in LIVE_REPLICA_STATES for r in kernel["replicas"]) < wanted
+
+
+@dataclass
+class Watch:
+    """What the admin API showed over the run (`poll` every half second)."""
+
+    chaos: ChaosFleet
+    kernels: list[str]
+    wanted: int
+    replica_ids: dict[str, set[str]] = field(default_factory=dict)
+    degraded_s: dict[str, float] = field(default_factory=dict)
+    reasons: set[str] = field(default_factory=set)
+    unreachable_s: float = 0.0
+    last: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+    initial: int = 0
+
+    async def poll(self, stop: asyncio.Event, every: float = 0.5) -> None:
+        before = time.monotonic()
+        while not stop.is_set():
+            snapshot = await asyncio.to_thread(self.chaos.snapshot)
+            now = time.monotonic()
+            self.take(snapshot, now - before)
+            before = now
+            await asyncio.sleep(every)
+
+    def take(self, snapshot: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None,
+             dt: float) -> None:  # fmt: skip
+        self.last = snapshot
+        if snapshot is None:
+            self.unreachable_s += dt
+            return
+        models = {k["id"]: k for k in snapshot[0]}
+        for kernel_id in self.kernels:
+            model = models.get(kernel_id)
+            if model is None:
+                continue
+            ids = self.replica_ids.setdefault(kernel_id, set())
+            ids.update(r["id"] for r in model["replicas"])
+            if degraded(model, self.wanted):
+                self.degraded_s[kernel_id] = self.degraded_s.get(kernel_id, 0.0) + dt
+                if model.get("degraded"):
+                    self.reasons.add(str(model["degraded"].get("reason", ""))[:300])
+
+    @property
+    def replacements(self) -> int:
+        return sum(len(ids) for ids in self.replica_ids.values()) - self.initial
+
+    def whole(self, hosts: int) -> bool:
+        """Every host alive and every kernel with all the replicas it wants (last poll)."""
+        if self.last is None:
+            return False
+        kernels, host_models = self.last
+        alive = sum(h["state"] == "alive" for h in host_models)
+        listed = {k["id"]: k for k in kernels}
+        return alive >= hosts and all(
+            k in listed and not degraded(listed[k], self.wanted) for k in self.kernels
+        )
+
+
+@dataclass
+class ChaosLoop:
+    """Injects faults until `stop`; `faults` is the log."""
+
+    chaos: ChaosFleet
+    watch: Watch
+    soak: Soak
+    rng: random.Random
+    faults: list[Fault] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        next_at = time.monotonic() + self.soak.interval
+        while not stop.is_set():
+            if await _wait(stop, next_at - time.monotonic()):
+                return
+            waited_from = time.monotonic()
+            while not self.watch.whole(self.chaos.host_count):
+                if time.monotonic() - waited_from > self.soak.heal_timeout:
+                    break
+                if await _wait(stop, 0.5):
+                    return
+            waited = time.monotonic() - waited_from
+            kind = self.rng.choice(self.soak.kinds)
+            fault = await self.inject(kind, stop)
+            if fault is not None:
+                fault.waited, fault.whole = waited, waited <= self.soak.heal_timeout
+                log.info("fault %s on %s (kernels %s)", kind.value, fault.target, fault.kernels)
+            next_at = max(next_at + self.soak.interval, time.monotonic())
+
+    async def inject(self, kind: FaultKind, stop: asyncio.Event) -> Fault | None:
+        snapshot = self.watch.last
+        if snapshot is None and kind is not FaultKind.KILL_GATEWAY:
+            self.skipped.append(f"{kind.value}: the gateway did not answer")
+            return None
+        kernels = [k for k in (snapshot[0] if snapshot else []) if k["id"] in self.watch.kernels]
+        live = [
+            (k["id"], r) for k in kernels for r in k["replicas"]
+            if r["state"] in LIVE_REPLICA_STATES and r.get("pid")
+        ]  # fmt: skip
+        fault: Fault
+        if kind in (FaultKind.KILL_REPLICA, FaultKind.STOP_REPLICA):
+            if not live:
+                self.skipped.append(f"{kind.value}: no live replica")
+                return None
+            kernel_id, replica = self.rng.choice(live)
+            fault = self._record(kind, f"{replica['id']} on {replica['host']}", [kernel_id])
+            if kind is FaultKind.KILL_REPLICA:
+                self.chaos.kill_replica(replica)
+            else:
+                self.chaos.stop_replica(replica["pid"])
+                await _wait(stop, self.soak.stop_for)
+                self.chaos.resume_replica(replica["pid"])
+                fault.ended = time.time()
+        elif kind is FaultKind.KILL_GATEWAY:
+            fault = self._record(kind, "gateway", list(self.watch.kernels))
+            await asyncio.to_thread(self.chaos.restart_gateway)
+            fault.ended = time.time()
+        else:
+            i = self.rng.randint(1, self.chaos.host_count)
+            host_id = f"host-{i}"
+            hit = sorted({kernel_id for kernel_id, r in live if r["host"] == host_id})
+            if kind is FaultKind.KILL_AGENT:
+                machine = self.rng.random() < 0.5
+                target = f"{host_id} ({'with' if machine else 'without'} its replicas)"
+                fault = self._record(kind, target, hit)
+                await asyncio.to_thread(self.chaos.kill_agent, i, machine)
+                await _wait(stop, self.soak.down)
+                await asyncio.to_thread(self.chaos.start_host, i)
+            else:
+                fault = self._record(kind, host_id, hit)
+                self.chaos.cut(i)
+                await _wait(stop, self.soak.cut_for)
+                self.chaos.heal(i)
+            fault.ended = time.time()
+        return fault
+
+    def _record(self, kind: FaultKind, target: str, kernels: list[str]) -> Fault:
+        fault = Fault(kind, time.time(), target, kernels)
+        self.faults.append(fault)
+        return fault
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep `seconds` or until `stop`; whether `stop` is set."""
+    if seconds > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), seconds)
+    return stop.is_set()
