@@ -2,7 +2,7 @@
 
     python benchmarks/chaos.py [--duration 600] [--kernels 3] [--hosts 3] [--fault-interval 15]
         [--seed 0] [--faults kill-replica,kill-agent,kill-gateway,stop-replica,cut-network]
-        [--stop-seconds 10] [--cut-seconds 60] [--down-seconds 10] [--heal-timeout 90]
+        [--stop-seconds 10] [--cut-seconds 90] [--down-seconds 10] [--heal-timeout 90]
         [--json OUT] [--keep]
 
 Starts a gateway and `--hosts` host agents as real processes (each agent in a network namespace
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated, of: " + ",".join(kind.value for kind in FaultKind),
     )
     parser.add_argument("--stop-seconds", type=float, default=10, help="a SIGSTOP lasts that")
-    parser.add_argument("--cut-seconds", type=float, default=60, help="a network cut lasts that")
+    parser.add_argument("--cut-seconds", type=float, default=90, help="a network cut lasts that")
     parser.add_argument("--down-seconds", type=float, default=10, help="a killed agent stays down")
     parser.add_argument(
         "--heal-timeout", type=float, default=90, help="wait at most that for a whole fleet"

@@ -60,7 +60,7 @@ class Soak:
     interval: float = 15.0
     """From one fault's start to the next one's (longer when a fault lasts or repair waits)."""
     stop_for: float = 10.0
-    cut_for: float = 60.0
+    cut_for: float = 90.0
     down: float = 10.0
     """How long a killed host agent stays down before it starts again."""
     heal_timeout: float = 90.0
@@ -76,6 +76,8 @@ class Fault:
     target: str
     kernels: list[str]
     """The kernels it hit (a replica of theirs, or every kernel for the gateway)."""
+    executors: list[str] = field(default_factory=list)
+    """Those of `kernels` whose executor (the replica that ran their last cell) it hit."""
     ended: float = 0.0
     """When it was undone (a stopped replica resumed, a cable plugged in, an agent back)."""
     waited: float = 0.0
@@ -89,6 +91,7 @@ class Fault:
             "at": self.at,
             "target": self.target,
             "kernels": self.kernels,
+            "executor_of": self.executors,
             "lasted_s": round(self.ended - self.at, 3) if self.ended else None,
             "waited_for_whole_s": round(self.waited, 3),
             "fleet_was_whole": self.whole,
@@ -296,6 +299,7 @@ class ChaosLoop:
             self.skipped.append(f"{kind.value}: the gateway did not answer")
             return None
         kernels = [k for k in (snapshot[0] if snapshot else []) if k["id"] in self.watch.kernels]
+        executors = {k["executor"] for k in kernels}
         live = [
             (k["id"], r) for k in kernels for r in k["replicas"]
             if r["state"] in LIVE_REPLICA_STATES and r.get("pid")
@@ -307,6 +311,7 @@ class ChaosLoop:
                 return None
             kernel_id, replica = self.rng.choice(live)
             fault = self._record(kind, f"{replica['id']} on {replica['host']}", [kernel_id])
+            fault.executors = [kernel_id] if replica["id"] in executors else []
             if kind is FaultKind.KILL_REPLICA:
                 self.chaos.kill_replica(replica)
             else:
@@ -316,21 +321,25 @@ class ChaosLoop:
                 fault.ended = time.time()
         elif kind is FaultKind.KILL_GATEWAY:
             fault = self._record(kind, "gateway", list(self.watch.kernels))
+            fault.executors = list(fault.kernels)
             await asyncio.to_thread(self.chaos.restart_gateway)
             fault.ended = time.time()
         else:
             i = self.rng.randint(1, self.chaos.host_count)
             host_id = f"host-{i}"
             hit = sorted({kernel_id for kernel_id, r in live if r["host"] == host_id})
+            ran = [k for k, r in live if r["host"] == host_id and r["id"] in executors]
             if kind is FaultKind.KILL_AGENT:
                 machine = self.rng.random() < 0.5
                 target = f"{host_id} ({'with' if machine else 'without'} its replicas)"
                 fault = self._record(kind, target, hit)
+                fault.executors = sorted(ran)
                 await asyncio.to_thread(self.chaos.kill_agent, i, machine)
                 await _wait(stop, self.soak.down)
                 await asyncio.to_thread(self.chaos.start_host, i)
             else:
                 fault = self._record(kind, host_id, hit)
+                fault.executors = sorted(ran)
                 self.chaos.cut(i)
                 await _wait(stop, self.soak.cut_for)
                 self.chaos.heal(i)

@@ -107,14 +107,17 @@ def _summary(values: list[float]) -> dict[str, Any]:
     }
 
 
-def failover_times(faults: list[Fault], drivers: list[KernelDriver]) -> dict[str, Any]:
-    """Per fault and kernel it hit: seconds from the fault to that kernel's next ``ok`` reply
-    (`_summary` of them, all and by kind; ``never``: pairs with no ok reply afterwards)."""
+def failover_times(
+    faults: list[Fault], drivers: list[KernelDriver], executors_only: bool = False
+) -> dict[str, Any]:
+    """Per fault and kernel it hit (`executors_only`: whose executor it hit): seconds from the
+    fault to that kernel's next ``ok`` reply (`_summary` of them, all and by kind; ``never``:
+    pairs with no ok reply afterwards)."""
     by_id = {d.kernel_id: d for d in drivers}
     samples: dict[str, list[float]] = {}
     never = 0
     for fault in faults:
-        for kernel_id in fault.kernels:
+        for kernel_id in fault.executors if executors_only else fault.kernels:
             driver = by_id[kernel_id]
             done = [c.done for c in driver.cells if c.outcome is Outcome.OK and c.done >= fault.at]
             if done:
@@ -157,6 +160,7 @@ def figures(
         "faults_on_a_fleet_not_whole": sum(not f.whole for f in loop.faults),
         "faults_skipped": loop.skipped,
         "failover_s": failover_times(loop.faults, drivers),
+        "executor_failover_s": failover_times(loop.faults, drivers, executors_only=True),
         "replacements": watch.replacements,
         "degraded_kernel_s": round(degraded_s, 1),
         "degraded_fraction": round(degraded_s / max(ran_for * len(drivers), 1e-9), 4),
@@ -175,7 +179,7 @@ def figures(
 
 def render(report: dict[str, Any]) -> str:
     """The report as a few lines of text."""
-    cells, failover = report["cells"], report["failover_s"]
+    cells = report["cells"]
     config = report["config"]
 
     def seconds(value: float | None) -> str:
@@ -195,16 +199,19 @@ def render(report: dict[str, Any]) -> str:
         f"faults: {faults or 'none'} ({report['faults_on_a_fleet_not_whole']} on a fleet "
         f"not yet whole, {len(report['faults_skipped'])} skipped)"
     )
-    lines.append(
-        f"failover (fault -> next ok cell of a kernel it hit): p50 {seconds(failover['p50'])}, "
-        f"p99 {seconds(failover['p99'])}, max {seconds(failover['max'])} over {failover['n']} "
-        f"(never: {failover['never']})"
-    )
-    for kind, summary in failover["by_kind"].items():
+    for key, what in (("failover_s", "a kernel it hit"), ("executor_failover_s", "a kernel "
+                      "whose executor it hit")):  # fmt: skip
+        failover = report[key]
         lines.append(
-            f"  {kind:<13} p50 {seconds(summary['p50'])}, p99 {seconds(summary['p99'])}"
-            f" (n={summary['n']})"
+            f"failover (fault -> next ok cell of {what}): p50 {seconds(failover['p50'])}, "
+            f"p99 {seconds(failover['p99'])}, max {seconds(failover['max'])} over "
+            f"{failover['n']} (never: {failover['never']})"
         )
+        for kind, summary in failover["by_kind"].items():
+            lines.append(
+                f"  {kind:<13} p50 {seconds(summary['p50'])}, p99 {seconds(summary['p99'])}, "
+                f"max {seconds(summary['max'])} (n={summary['n']})"
+            )
     lines += [
         f"replacements: {report['replacements']}; degraded {report['degraded_kernel_s']:.0f} "
         f"kernel-s ({100 * report['degraded_fraction']:.1f} %); gateway unreachable "
