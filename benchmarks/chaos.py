@@ -3,7 +3,7 @@
     python benchmarks/chaos.py [--duration 600] [--kernels 3] [--hosts 3] [--fault-interval 15]
         [--seed 0] [--faults kill-replica,kill-agent,kill-gateway,stop-replica,cut-network]
         [--stop-seconds 10] [--cut-seconds 90] [--down-seconds 10] [--heal-timeout 90]
-        [--json OUT] [--keep]
+        [--aim-at-executors] [--json OUT] [--keep]
 
 Starts a gateway and `--hosts` host agents as real processes (each agent in a network namespace
 of its own when ``cut-network`` is among the faults: root needed), `--kernels` kernels of 3
@@ -64,6 +64,7 @@ def config_from(args: argparse.Namespace) -> SoakConfig:
             cut_for=args.cut_seconds,
             down=args.down_seconds,
             heal_timeout=args.heal_timeout,
+            aim=args.aim_at_executors,
         ),
         workload=Workload(cell_timeout=args.cell_timeout, lost_after=args.lost_after),
     )
@@ -71,6 +72,7 @@ def config_from(args: argparse.Namespace) -> SoakConfig:
 
 def run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     harness.progress("chaos", f"fleet and logs in {root}")
+    root.chmod(0o711)  # kernels run as users of their own (docs/security.md) and must reach it
     report = asyncio.run(run_soak(root, config_from(args)))
     report["machine"] = harness.describe_machine()
     return report
@@ -94,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--down-seconds", type=float, default=10, help="a killed agent stays down")
     parser.add_argument(
         "--heal-timeout", type=float, default=90, help="wait at most that for a whole fleet"
+    )
+    parser.add_argument(
+        "--aim-at-executors",
+        action="store_true",
+        help="replica and host faults hit the replicas running cells (each costs a failover)",
     )
     parser.add_argument("--cell-timeout", type=float, default=60)
     parser.add_argument(

@@ -34,7 +34,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from kernelfleet.testing.chaos import LIVE_REPLICA_STATES
 from kernelfleet.testing.fleet import TOKEN, Fleet
@@ -66,6 +66,12 @@ class Soak:
     heal_timeout: float = 90.0
     """How long to wait for the fleet to be whole before the next fault is injected anyway."""
     replicas: int = 3
+    in_turn: bool = False
+    """Take `kinds` in turn (in an order the seed shuffles) rather than at random: a short soak
+    then meets every kind."""
+    aim: bool = False
+    """Aim replica and host faults at kernels' executors (the replicas running their cells),
+    rather than at any live replica or host: every such fault then costs a failover."""
 
 
 @dataclass
@@ -84,10 +90,20 @@ class Fault:
     """Seconds the loop waited for the fleet to be whole before this fault."""
     whole: bool = True
     """Whether the fleet was whole when it was injected."""
+    machine: bool = False
+    """For ``kill-agent``: its replicas were killed with it (the machine died)."""
+
+    @property
+    def label(self) -> str:
+        """The kind, and for ``kill-agent`` whether the machine or the agent alone died."""
+        if self.kind is FaultKind.KILL_AGENT:
+            return f"{self.kind.value} ({'machine' if self.machine else 'agent only'})"
+        return self.kind.value
 
     def model(self) -> dict[str, Any]:
         return {
             "kind": self.kind.value,
+            "label": self.label,
             "at": self.at,
             "target": self.target,
             "kernels": self.kernels,
@@ -152,17 +168,16 @@ class ChaosFleet:
 
     # ---- the admin API ---------------------------------------------------------------------
 
-    def snapshot(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
-        """(kernels, hosts) as the admin API lists them, or None if the gateway does not
-        answer."""
+    def snapshot(self) -> Snapshot | None:
+        """What the gateway lists now, or None if it does not answer."""
         try:
-            status, kernels = self.fleet.request("GET", "/api/fleet/kernels")
-            if status != 200:
-                return None
-            status, hosts = self.fleet.request("GET", "/api/fleet/hosts")
+            lists = [self.fleet.request("GET", path) for path in Snapshot.PATHS]
         except OSError:
             return None
-        return (kernels, hosts) if status == 200 else None
+        if any(status != 200 for status, _ in lists):
+            return None
+        (_, kernels), (_, hosts), (_, jupyter) = lists
+        return Snapshot(kernels, hosts, {k["id"] for k in jupyter})
 
     # ---- faults ----------------------------------------------------------------------------
 
@@ -198,6 +213,20 @@ class ChaosFleet:
         self.topology.heal(i, (CONTROL, RAFT))
 
 
+@dataclass
+class Snapshot:
+    """The gateway's lists at one moment."""
+
+    PATHS: ClassVar = ("/api/fleet/kernels", "/api/fleet/hosts", "/api/kernels")
+
+    kernels: list[dict[str, Any]]
+    """The admin API's kernel models (``GET /api/fleet/kernels``)."""
+    hosts: list[dict[str, Any]]
+    listed: set[str]
+    """The kernel ids of ``GET /api/kernels``, the list a Jupyter server polls (it forgets a
+    kernel missing from it)."""
+
+
 def degraded(kernel: dict[str, Any], wanted: int) -> bool:
     """The kernel model's ``degraded`` where it has one (issue 12's contract), else whether
     fewer than `wanted` replicas are live."""
@@ -217,26 +246,34 @@ class Watch:
     degraded_s: dict[str, float] = field(default_factory=dict)
     reasons: set[str] = field(default_factory=set)
     unreachable_s: float = 0.0
-    last: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+    unlisted_s: dict[str, float] = field(default_factory=dict)
+    """Seconds each kernel was missing from ``GET /api/kernels`` while the gateway answered."""
+    last: Snapshot | None = None
+    last_at: float = 0.0
+    """`time.time()` when `last` was asked for."""
     initial: int = 0
 
     async def poll(self, stop: asyncio.Event, every: float = 0.5) -> None:
         before = time.monotonic()
         while not stop.is_set():
+            asked = time.time()
             snapshot = await asyncio.to_thread(self.chaos.snapshot)
             now = time.monotonic()
             self.take(snapshot, now - before)
+            self.last_at = asked
             before = now
             await asyncio.sleep(every)
 
-    def take(self, snapshot: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None,
-             dt: float) -> None:  # fmt: skip
+    def take(self, snapshot: Snapshot | None, dt: float) -> None:
+        """Count `dt` seconds (since the previous poll) as `snapshot` shows them."""
         self.last = snapshot
         if snapshot is None:
             self.unreachable_s += dt
             return
-        models = {k["id"]: k for k in snapshot[0]}
+        models = {k["id"]: k for k in snapshot.kernels}
         for kernel_id in self.kernels:
+            if kernel_id not in snapshot.listed:
+                self.unlisted_s[kernel_id] = self.unlisted_s.get(kernel_id, 0.0) + dt
             model = models.get(kernel_id)
             if model is None:
                 continue
@@ -251,13 +288,19 @@ class Watch:
     def replacements(self) -> int:
         return sum(len(ids) for ids in self.replica_ids.values()) - self.initial
 
-    def whole(self, hosts: int) -> bool:
-        """Every host alive and every kernel with all the replicas it wants (last poll)."""
-        if self.last is None:
+    def whole(self, hosts: int, since: float = 0.0, settled: bool = False) -> bool:
+        """Every host alive and every kernel with all the replicas it wants, as the last poll
+        showed (False if that poll was asked for before `since`); `settled`: and each kernel
+        has all of them live, none starting or catching up (degraded or not)."""
+        if self.last is None or self.last_at < since:
             return False
-        kernels, host_models = self.last
-        alive = sum(h["state"] == "alive" for h in host_models)
-        listed = {k["id"]: k for k in kernels}
+        if settled:
+            for kernel in self.last.kernels:
+                live = sum(r["state"] in LIVE_REPLICA_STATES for r in kernel["replicas"])
+                if kernel["id"] in self.kernels and live < self.wanted:
+                    return False
+        alive = sum(h["state"] == "alive" for h in self.last.hosts)
+        listed = {k["id"]: k for k in self.last.kernels}
         return alive >= hosts and all(
             k in listed and not degraded(listed[k], self.wanted) for k in self.kernels
         )
@@ -276,21 +319,26 @@ class ChaosLoop:
 
     async def run(self, stop: asyncio.Event) -> None:
         next_at = time.monotonic() + self.soak.interval
+        order = list(self.soak.kinds)
+        if self.soak.in_turn:
+            self.rng.shuffle(order)
         while not stop.is_set():
             if await _wait(stop, next_at - time.monotonic()):
                 return
-            waited_from = time.monotonic()
-            while not self.watch.whole(self.chaos.host_count):
+            waited_from, since = time.monotonic(), time.time()
+            while not self.watch.whole(self.chaos.host_count, since):
                 if time.monotonic() - waited_from > self.soak.heal_timeout:
                     break
                 if await _wait(stop, 0.5):
                     return
             waited = time.monotonic() - waited_from
-            kind = self.rng.choice(self.soak.kinds)
+            if self.soak.in_turn:
+                kind = order[len(self.faults) % len(order)]
+            else:
+                kind = self.rng.choice(self.soak.kinds)
             fault = await self.inject(kind, stop)
             if fault is not None:
                 fault.waited, fault.whole = waited, waited <= self.soak.heal_timeout
-                log.info("fault %s on %s (kernels %s)", kind.value, fault.target, fault.kernels)
             next_at = max(next_at + self.soak.interval, time.monotonic())
 
     async def inject(self, kind: FaultKind, stop: asyncio.Event) -> Fault | None:
@@ -298,18 +346,20 @@ class ChaosLoop:
         if snapshot is None and kind is not FaultKind.KILL_GATEWAY:
             self.skipped.append(f"{kind.value}: the gateway did not answer")
             return None
-        kernels = [k for k in (snapshot[0] if snapshot else []) if k["id"] in self.watch.kernels]
+        models = snapshot.kernels if snapshot else []
+        kernels = [k for k in models if k["id"] in self.watch.kernels]
         executors = {k["executor"] for k in kernels}
         live = [
             (k["id"], r) for k in kernels for r in k["replicas"]
             if r["state"] in LIVE_REPLICA_STATES and r.get("pid")
         ]  # fmt: skip
+        aims = [(k, r) for k, r in live if r["id"] in executors] if self.soak.aim else live
         fault: Fault
         if kind in (FaultKind.KILL_REPLICA, FaultKind.STOP_REPLICA):
-            if not live:
+            if not aims:
                 self.skipped.append(f"{kind.value}: no live replica")
                 return None
-            kernel_id, replica = self.rng.choice(live)
+            kernel_id, replica = self.rng.choice(aims)
             fault = self._record(kind, f"{replica['id']} on {replica['host']}", [kernel_id])
             fault.executors = [kernel_id] if replica["id"] in executors else []
             if kind is FaultKind.KILL_REPLICA:
@@ -325,15 +375,18 @@ class ChaosLoop:
             await asyncio.to_thread(self.chaos.restart_gateway)
             fault.ended = time.time()
         else:
-            i = self.rng.randint(1, self.chaos.host_count)
-            host_id = f"host-{i}"
+            if aims and self.soak.aim:
+                host_id = self.rng.choice(aims)[1]["host"]
+            else:
+                host_id = f"host-{self.rng.randint(1, self.chaos.host_count)}"
+            i = int(host_id.rsplit("-", 1)[1])
             hit = sorted({kernel_id for kernel_id, r in live if r["host"] == host_id})
             ran = [k for k, r in live if r["host"] == host_id and r["id"] in executors]
             if kind is FaultKind.KILL_AGENT:
                 machine = self.rng.random() < 0.5
                 target = f"{host_id} ({'with' if machine else 'without'} its replicas)"
                 fault = self._record(kind, target, hit)
-                fault.executors = sorted(ran)
+                fault.executors, fault.machine = sorted(ran), machine
                 await asyncio.to_thread(self.chaos.kill_agent, i, machine)
                 await _wait(stop, self.soak.down)
                 await asyncio.to_thread(self.chaos.start_host, i)
@@ -348,6 +401,7 @@ class ChaosLoop:
 
     def _record(self, kind: FaultKind, target: str, kernels: list[str]) -> Fault:
         fault = Fault(kind, time.time(), target, kernels)
+        log.info("fault %s on %s (kernels %s)", kind.value, target, ", ".join(kernels))
         self.faults.append(fault)
         return fault
 

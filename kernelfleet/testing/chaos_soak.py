@@ -75,7 +75,7 @@ async def run_soak(root: Path, config: SoakConfig) -> dict[str, Any]:
         chaos_ended = time.time()
         deadline = time.monotonic() + config.soak.heal_timeout
         while True:  # the drivers go on meanwhile
-            if watch.whole(config.hosts) or time.monotonic() > deadline:
+            if watch.whole(config.hosts, chaos_ended, settled=True) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.5)
         healed_in = time.time() - chaos_ended
@@ -121,7 +121,7 @@ def failover_times(
             driver = by_id[kernel_id]
             done = [c.done for c in driver.cells if c.outcome is Outcome.OK and c.done >= fault.at]
             if done:
-                samples.setdefault(fault.kind.value, []).append(min(done) - fault.at)
+                samples.setdefault(fault.label, []).append(min(done) - fault.at)
             else:
                 never += 1
     every = [s for values in samples.values() for s in values]
@@ -166,6 +166,7 @@ def figures(
         "degraded_fraction": round(degraded_s / max(ran_for * len(drivers), 1e-9), 4),
         "degraded_reasons": sorted(watch.reasons)[:10],
         "gateway_unreachable_s": round(watch.unreachable_s, 1),
+        "unlisted_kernel_s": round(sum(watch.unlisted_s.values()), 1),
         "lost_kernels": sum(bool(v.lost) for v in verdicts),
         "cells_twice": sum(len(v.twice) for v in verdicts),
         "cells_lost_silently": sum(len(v.lost_silently) for v in verdicts),
@@ -215,7 +216,8 @@ def render(report: dict[str, Any]) -> str:
     lines += [
         f"replacements: {report['replacements']}; degraded {report['degraded_kernel_s']:.0f} "
         f"kernel-s ({100 * report['degraded_fraction']:.1f} %); gateway unreachable "
-        f"{report['gateway_unreachable_s']:.1f} s",
+        f"{report['gateway_unreachable_s']:.1f} s; kernels missing from GET /api/kernels "
+        f"{report['unlisted_kernel_s']:.1f} kernel-s",
         f"lost kernels: {report['lost_kernels']}; cells run twice: {report['cells_twice']}; "
         f"lost silently: {report['cells_lost_silently']}; failed but applied: "
         f"{report['cells_failed_with_effect']}; replicas that differ: "
