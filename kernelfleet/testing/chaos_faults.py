@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kernelfleet.testing.chaos import LIVE_REPLICA_STATES
+from kernelfleet.testing.deadlines import wait_for
 from kernelfleet.testing.fleet import TOKEN, Fleet
 from kernelfleet.testing.netns import CONTROL, RAFT, Topology, build_topology, start_host_in
 from kernelfleet.testing.processes import descendants, kill_all
@@ -78,7 +79,8 @@ class Soak:
 class Fault:
     kind: FaultKind
     at: float
-    """`time.time()` when injected."""
+    """`time.time()` once injected (the signal sent, the cable pulled; for the gateway, when
+    the kill starts)."""
     target: str
     kernels: list[str]
     """The kernels it hit (a replica of theirs, or every kernel for the gateway)."""
@@ -183,6 +185,22 @@ class ChaosFleet:
 
     def kill_replica(self, replica: dict[str, Any]) -> None:
         os.kill(replica["pid"], signal.SIGKILL)
+
+    def host_address(self, i: int) -> str | None:
+        status, hosts = self.fleet.request("GET", "/api/fleet/hosts")
+        found = [h for h in hosts if h["id"] == f"host-{i}"] if status == 200 else []
+        return str(found[0]["address"]) if found else None
+
+    def restart_host(self, i: int, old_address: str | None) -> None:
+        """Start host agent i again and wait until the gateway heard from the new agent (a new
+        address: an agent down for less than the heartbeat timeout is still listed alive)."""
+        self.start_host(i)
+
+        def heard() -> bool:
+            address = self.host_address(i)
+            return address is not None and address != old_address
+
+        wait_for(heard, 30, f"the gateway to hear from the new agent of host-{i}")
 
     def kill_agent(self, i: int, with_replicas: bool) -> None:
         host_id = f"host-{i}"
@@ -360,12 +378,13 @@ class ChaosLoop:
                 self.skipped.append(f"{kind.value}: no live replica")
                 return None
             kernel_id, replica = self.rng.choice(aims)
-            fault = self._record(kind, f"{replica['id']} on {replica['host']}", [kernel_id])
-            fault.executors = [kernel_id] if replica["id"] in executors else []
             if kind is FaultKind.KILL_REPLICA:
                 self.chaos.kill_replica(replica)
             else:
                 self.chaos.stop_replica(replica["pid"])
+            fault = self._record(kind, f"{replica['id']} on {replica['host']}", [kernel_id])
+            fault.executors = [kernel_id] if replica["id"] in executors else []
+            if kind is FaultKind.STOP_REPLICA:
                 await _wait(stop, self.soak.stop_for)
                 self.chaos.resume_replica(replica["pid"])
                 fault.ended = time.time()
@@ -385,15 +404,16 @@ class ChaosLoop:
             if kind is FaultKind.KILL_AGENT:
                 machine = self.rng.random() < 0.5
                 target = f"{host_id} ({'with' if machine else 'without'} its replicas)"
+                address = await asyncio.to_thread(self.chaos.host_address, i)
+                await asyncio.to_thread(self.chaos.kill_agent, i, machine)
                 fault = self._record(kind, target, hit)
                 fault.executors, fault.machine = sorted(ran), machine
-                await asyncio.to_thread(self.chaos.kill_agent, i, machine)
                 await _wait(stop, self.soak.down)
-                await asyncio.to_thread(self.chaos.start_host, i)
+                await asyncio.to_thread(self.chaos.restart_host, i, address)
             else:
+                self.chaos.cut(i)
                 fault = self._record(kind, host_id, hit)
                 fault.executors = sorted(ran)
-                self.chaos.cut(i)
                 await _wait(stop, self.soak.cut_for)
                 self.chaos.heal(i)
             fault.ended = time.time()

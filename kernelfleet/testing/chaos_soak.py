@@ -111,15 +111,16 @@ def failover_times(
     faults: list[Fault], drivers: list[KernelDriver], executors_only: bool = False
 ) -> dict[str, Any]:
     """Per fault and kernel it hit (`executors_only`: whose executor it hit): seconds from the
-    fault to that kernel's next ``ok`` reply (`_summary` of them, all and by kind; ``never``:
-    pairs with no ok reply afterwards)."""
+    fault to the ``ok`` reply of that kernel's first cell sent after the fault (so a cell in
+    flight, whether it ran before the fault or was sent again, is waited for: one cell at a
+    time). `_summary` of them, all and by `Fault.label`; ``never``: pairs with no such cell."""
     by_id = {d.kernel_id: d for d in drivers}
     samples: dict[str, list[float]] = {}
     never = 0
     for fault in faults:
         for kernel_id in fault.executors if executors_only else fault.kernels:
             driver = by_id[kernel_id]
-            done = [c.done for c in driver.cells if c.outcome is Outcome.OK and c.done >= fault.at]
+            done = [c.done for c in driver.cells if c.outcome is Outcome.OK and c.sent >= fault.at]
             if done:
                 samples.setdefault(fault.label, []).append(min(done) - fault.at)
             else:
