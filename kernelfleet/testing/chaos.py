@@ -259,6 +259,8 @@ class KernelVerdict:
     replicas_differ: dict[str, str] = field(default_factory=dict)
     replicas_checked: int = 0
     anomalies: list[str] = field(default_factory=list)
+    replicas: dict[str, str] = field(default_factory=dict)
+    """``{replica id: "host state"}`` as the admin API listed them at the end."""
 
     def model(self) -> dict[str, Any]:
         return {
@@ -270,6 +272,7 @@ class KernelVerdict:
             "replicas_differ": self.replicas_differ,
             "replicas_checked": self.replicas_checked,
             "anomalies": self.anomalies[:20],
+            "replicas": self.replicas,
         }
 
 

@@ -86,6 +86,7 @@ async def run_soak(root: Path, config: SoakConfig) -> dict[str, Any]:
             lists = await read_lists(driver)
             seen = await read_replicas(chaos.fleet, driver.kernel_id) if lists else {}
             verdicts.append(judge(driver, lists, seen))
+            verdicts[-1].replicas = await asyncio.to_thread(replica_states, chaos, driver.kernel_id)
         stop_watch.set()
         await watching
         return figures(config, drivers, verdicts, loop, watch, chaos_ended - started, healed_in)
@@ -93,6 +94,14 @@ async def run_soak(root: Path, config: SoakConfig) -> dict[str, Any]:
         for driver in drivers:
             driver.close()
         await asyncio.to_thread(chaos.stop)
+
+
+def replica_states(chaos: ChaosFleet, kernel_id: str) -> dict[str, str]:
+    """``{replica id: "host state"}`` from the admin API now (empty if it does not answer)."""
+    status, model = chaos.fleet.request("GET", f"/api/fleet/kernels/{kernel_id}")
+    if status != 200:
+        return {}
+    return {r["id"]: f"{r['host']} {r['state']}" for r in model["replicas"]}
 
 
 def _summary(values: list[float]) -> dict[str, Any]:
@@ -225,9 +234,8 @@ def render(report: dict[str, Any]) -> str:
         f"{report['replicas_differ']} of {report['replicas_checked']}",
     ]
     for kernel in report["kernels"]:
-        problems = {
-            k: v for k, v in kernel.items() if k not in ("kernel", "replicas_checked") and v
-        }
+        quiet = {"kernel", "replicas_checked"} | (set() if kernel["lost"] else {"replicas"})
+        problems = {k: v for k, v in kernel.items() if k not in quiet and v}
         if problems:
             lines.append(f"  kernel {kernel['kernel']}: {problems}")
     return "\n".join(lines)

@@ -63,6 +63,7 @@ def test_a_clean_run_breaks_nothing():
         "replicas_differ": {},
         "replicas_checked": 2,
         "anomalies": [],
+        "replicas": {},
     }
 
 
