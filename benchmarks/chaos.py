@@ -3,7 +3,7 @@
     python benchmarks/chaos.py [--duration 600] [--kernels 3] [--hosts 3] [--fault-interval 15]
         [--seed 0] [--faults kill-replica,kill-agent,kill-gateway,stop-replica,cut-network]
         [--stop-seconds 10] [--cut-seconds 90] [--down-seconds 10] [--heal-timeout 90]
-        [--aim-at-executors] [--json OUT] [--keep]
+        [--aim-at-executors] [--in-turn] [--json OUT] [--keep]
 
 Starts a gateway and `--hosts` host agents as real processes (each agent in a network namespace
 of its own when ``cut-network`` is among the faults: root needed), `--kernels` kernels of 3
@@ -65,6 +65,7 @@ def config_from(args: argparse.Namespace) -> SoakConfig:
             down=args.down_seconds,
             heal_timeout=args.heal_timeout,
             aim=args.aim_at_executors,
+            in_turn=args.in_turn,
         ),
         workload=Workload(cell_timeout=args.cell_timeout, lost_after=args.lost_after),
     )
@@ -101,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         "--aim-at-executors",
         action="store_true",
         help="replica and host faults hit the replicas running cells (each costs a failover)",
+    )
+    parser.add_argument(
+        "--in-turn", action="store_true", help="take the fault kinds in turn, not at random"
     )
     parser.add_argument("--cell-timeout", type=float, default=60)
     parser.add_argument(

@@ -39,6 +39,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from tornado.httpclient import HTTPClientError
@@ -297,6 +298,10 @@ def judge(
             verdict.lost_silently.append(record.n)
         elif record.outcome is Outcome.ERROR and in_effects[record.n]:
             verdict.failed_with_effect.append(record.n)
+            when = datetime.fromtimestamp(record.sent, UTC).strftime("%H:%M:%S.%f")[:-3]
+            verdict.anomalies.append(
+                f"cell {record.n}: sent {when} UTC, answered {record.error}, but it took effect"
+            )
     for replica_id, seen in replicas.items():
         verdict.replicas_checked += 1
         if isinstance(seen, str):
