@@ -26,6 +26,9 @@ held against the client's records:
   not the truth); a cell that got no reply at all may go either way (``no reply`` then ``ran``
   or ``not run``) and breaks nothing;
 - **replicas differ**: a live replica whose lists differ from the gateway's answer;
+- **check failures** (seen while running, so counted even for a kernel lost later): a cell
+  whose ``assert L[-1] == prev`` failed, i.e. the effect before it was not what the client had
+  been told;
 - **lost kernel**: no cell ran through the gateway for `Workload.lost_after` s, or the final
   read failed.
 """
@@ -58,6 +61,10 @@ LINK_ERRORS = (OSError, TimeoutError, WebSocketClosedError, StreamClosedError, H
 SETUP = "L = [0]\nRUNS = []"
 READ = "import json as _json\nprint(_json.dumps({'L': L, 'RUNS': RUNS}))"
 LIVE_REPLICA_STATES = frozenset({"ready", "executing"})
+
+
+def _clock(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%H:%M:%S.%f")[:-3]
 
 
 def cell_code(n: int, prev: int) -> str:
@@ -122,6 +129,9 @@ class KernelDriver:
     """What the run saw that breaks the invariant (a failed check, a probe's surprise)."""
     client: KernelWebsocket | None = None
     reconnects: int = 0
+    check_failures: int = 0
+    """Cells whose check found another last effect than the client was told: an ``ok`` cell
+    whose effect the next cell did not see, or a failed one whose effect it did."""
 
     async def _client(self) -> KernelWebsocket:
         if self.client is None:
@@ -167,7 +177,11 @@ class KernelDriver:
                 )
                 record.error = "" if record.outcome is Outcome.OK else str(reply.get("ename"))
                 if record.error == "AssertionError":
-                    self.anomalies.append(f"cell {n}: its check failed: {reply.get('evalue')}")
+                    self.check_failures += 1
+                    self.anomalies.append(
+                        f"cell {n} (sent {_clock(record.sent)} UTC): its check failed: "
+                        f"{reply.get('evalue')}"
+                    )
             record.done = time.time()
             if record.outcome is Outcome.OK:
                 self.prev = n
@@ -298,9 +312,9 @@ def judge(
             verdict.lost_silently.append(record.n)
         elif record.outcome is Outcome.ERROR and in_effects[record.n]:
             verdict.failed_with_effect.append(record.n)
-            when = datetime.fromtimestamp(record.sent, UTC).strftime("%H:%M:%S.%f")[:-3]
             verdict.anomalies.append(
-                f"cell {record.n}: sent {when} UTC, answered {record.error}, but it took effect"
+                f"cell {record.n}: sent {_clock(record.sent)} UTC, answered {record.error}, "
+                "but it took effect"
             )
     for replica_id, seen in replicas.items():
         verdict.replicas_checked += 1

@@ -181,6 +181,7 @@ def figures(
         "cells_twice": sum(len(v.twice) for v in verdicts),
         "cells_lost_silently": sum(len(v.lost_silently) for v in verdicts),
         "cells_failed_with_effect": sum(len(v.failed_with_effect) for v in verdicts),
+        "check_failures": sum(d.check_failures for d in drivers),
         "replicas_differ": sum(len(v.replicas_differ) for v in verdicts),
         "replicas_checked": sum(v.replicas_checked for v in verdicts),
         "kernels": [v.model() for v in verdicts],
@@ -230,7 +231,8 @@ def render(report: dict[str, Any]) -> str:
         f"{report['unlisted_kernel_s']:.1f} kernel-s",
         f"lost kernels: {report['lost_kernels']}; cells run twice: {report['cells_twice']}; "
         f"lost silently: {report['cells_lost_silently']}; failed but applied: "
-        f"{report['cells_failed_with_effect']}; replicas that differ: "
+        f"{report['cells_failed_with_effect']}; check failures: {report['check_failures']}; "
+        f"replicas that differ: "
         f"{report['replicas_differ']} of {report['replicas_checked']}",
     ]
     for kernel in report["kernels"]:
