@@ -29,6 +29,7 @@ from typing import Any
 from kernelfleet.testing.chaos import Workload
 from kernelfleet.testing.chaos_faults import FaultKind, Soak
 from kernelfleet.testing.chaos_soak import SoakConfig, render, run_soak
+from kernelfleet.testing.netns import NamespacesUnavailable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
@@ -121,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         reports.append(run(root, args))
         return reports[-1]
 
-    harness.run_benchmark("chaos", args, keep, render)
+    try:
+        harness.run_benchmark("chaos", args, keep, render)
+    except NamespacesUnavailable as e:
+        harness.progress("chaos", f"cut-network needs network namespaces: {e}")
+        return 2
     return 1 if any(reports[-1][name] for name in BROKEN) else 0
 
 
