@@ -1,40 +1,31 @@
 """A replica cut off from its Raft group by a real network partition (Linux network namespaces).
 
-Topology (all made by the ``partitioned`` fixture, torn down by its finalizer)::
-
-      root namespace: gateway on 10.O.1.1 (bridge kfc-*), the test's own clients
-        |                                            |
-      bridge kfc-<sfx> 10.O.1.0/24 (control)       bridge kfr-<sfx> 10.O.2.0/24 (Raft)
-        | kc<i>-<sfx> (port)                           | kr<i>-<sfx> (port)  <- cut here
-        |                                            |
-      namespace kf-<sfx>-<i>:  ctl0 10.O.1.<i+1>       raft0 10.O.2.<i+1>
-        host agent host-<i>: --ip/--kernel-ip on ctl0 (agent API, replicas' ZMQ),
-                             --raft-ip on raft0 (the replicas' pysyncobj ports)
-
-One host agent runs in each namespace (``ip netns exec``); its replicas inherit it. Gateway
-↔ agent (HTTP, heartbeats) and gateway ↔ replica (ZMQ) traffic uses the control bridge only,
-Raft traffic the Raft bridge only: the two are plain L2 bridges, so no routing or ip_forward is
-needed. Cutting a host's Raft = ``ip link set kr<i>-<sfx> down`` (its port on the Raft bridge,
-as if its cable were pulled at the switch: its packets and those sent to it are silently lost;
-the namespace keeps its address); healing = ``up`` again. Its heartbeats and channels go on.
-(Downing ``raft0`` inside the namespace instead works too; the healed replica then takes a
-couple of seconds longer to reconnect.)
+The ``partitioned`` fixture runs a gateway in the root namespace and one host agent in each of 3
+namespaces (`kernelfleet.testing.netns`: a control bridge for the gateway's HTTP, heartbeats and
+ZMQ, a Raft bridge for the replicas' pysyncobj ports); the test cuts the executor's host's port
+on the Raft bridge only (``ip link set kr<i>-<sfx> down``, as if its cable were pulled at the
+switch), so its heartbeats and channels go on, then heals it. (Downing ``raft0`` inside the
+namespace instead works too; the healed replica then takes a couple of seconds longer to
+reconnect.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
-import secrets
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
 from kernelfleet.protocol import ErrorName
 from kernelfleet.testing import TOKEN, Fleet, descendants, kill_all, wait_for
+from kernelfleet.testing.netns import (
+    NamespacesUnavailable,
+    Topology,
+    build_topology,
+    start_host_in,
+)
 from kernelfleet.testing.replicas import (
     agreed_executors,
     execute_on,
@@ -47,117 +38,19 @@ pytestmark = pytest.mark.timeout(180)  # about 17 s on 2 cores: not marked slow
 HOSTS = 3
 
 
-def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=20)
-
-
-@dataclass
-class Topology:
-    suffix: str
-    octet: int
-    namespaces: list[str] = field(default_factory=list)
-    links: list[str] = field(default_factory=list)  # root-side devices, deleted at the end
-
-    @property
-    def gateway_ip(self) -> str:
-        return f"10.{self.octet}.1.1"
-
-    def namespace(self, i: int) -> str:
-        return f"kf-{self.suffix}-{i}"
-
-    def control_ip(self, i: int) -> str:
-        return f"10.{self.octet}.1.{i + 1}"
-
-    def raft_ip(self, i: int) -> str:
-        return f"10.{self.octet}.2.{i + 1}"
-
-    def raft_port(self, i: int) -> str:
-        return f"kr{i}-{self.suffix}"
-
-    def cut(self, i: int) -> None:
-        """Pull host i's cable on the Raft bridge."""
-        ip("link", "set", self.raft_port(i), "down")
-
-    def heal(self, i: int) -> None:
-        ip("link", "set", self.raft_port(i), "up")
-
-    def destroy(self) -> None:
-        for link in reversed(self.links):  # a veth end takes its peer along
-            ip("link", "del", link, check=False)
-        for namespace in self.namespaces:
-            ip("netns", "del", namespace, check=False)
-
-
-def _free_octet() -> int:
-    """A second octet whose 10.O.0.0/16 no address or route here overlaps."""
-    used = ip("-4", "-o", "addr").stdout + ip("-4", "route", "show", "table", "all").stdout
-    candidates = list(range(100, 250))
-    random.shuffle(candidates)
-    for octet in candidates:
-        if f"10.{octet}." not in used:
-            return octet
-    raise RuntimeError("no free 10.O.0.0/16 for the test's bridges")
-
-
-def build_topology() -> Topology:
-    suffix = secrets.token_hex(3)
-    topology = Topology(suffix=suffix, octet=_free_octet())
-    first = topology.namespace(1)
-    try:
-        probe = ip("netns", "add", first, check=False)
-    except FileNotFoundError:
-        pytest.skip("cannot create network namespaces: the `ip` command (iproute2) is missing")
-    if probe.returncode != 0:
-        pytest.skip(f"cannot create a network namespace (needs root / CAP_NET_ADMIN): "
-                    f"`ip netns add {first}`: {probe.stderr.strip()}")  # fmt: skip
-    topology.namespaces.append(first)
-    try:
-        for bridge, address in ((f"kfc-{suffix}", f"{topology.gateway_ip}/24"),
-                                (f"kfr-{suffix}", None)):  # fmt: skip
-            ip("link", "add", bridge, "type", "bridge")
-            topology.links.append(bridge)
-            if address:
-                ip("addr", "add", address, "dev", bridge)
-            ip("link", "set", bridge, "up")
-        for i in range(1, HOSTS + 1):
-            namespace = topology.namespace(i)
-            if i > 1:
-                ip("netns", "add", namespace)
-                topology.namespaces.append(namespace)
-            ip("-n", namespace, "link", "set", "lo", "up")
-            for kind, inside, address in (("c", "ctl0", topology.control_ip(i)),
-                                          ("r", "raft0", topology.raft_ip(i))):  # fmt: skip
-                port = f"k{kind}{i}-{suffix}"
-                ip("link", "add", port, "type", "veth", "peer", "name", inside, "netns", namespace)
-                topology.links.append(port)
-                ip("link", "set", port, "master", f"kf{kind}-{suffix}")
-                ip("link", "set", port, "up")
-                ip("-n", namespace, "addr", "add", f"{address}/24", "dev", inside)
-                ip("-n", namespace, "link", "set", inside, "up")
-    except BaseException:
-        topology.destroy()
-        raise
-    return topology
-
-
 @dataclass
 class Partitioned:
     fleet: Fleet
     topology: Topology
 
 
-def start_host_in(fleet: Fleet, topology: Topology, i: int) -> None:
-    address = topology.control_ip(i)
-    fleet.start_host(
-        f"host-{i}", 1, "--ip", address, "--kernel-ip", address, "--raft-ip", topology.raft_ip(i),
-        launcher=("ip", "netns", "exec", topology.namespace(i)),
-    )  # fmt: skip
-
-
 @pytest.fixture
 def partitioned(tmp_path) -> Iterator[Partitioned]:
     """A gateway in the root namespace and one host agent in each of 3 namespaces."""
-    topology = build_topology()
+    try:
+        topology = build_topology(HOSTS)
+    except NamespacesUnavailable as e:
+        pytest.skip(f"network namespaces: {e}")
     fleet = Fleet(state_dir=tmp_path / "fleet", token=TOKEN, env={}, ip=topology.gateway_ip)
     fleet.state_dir.mkdir()
     below: set[int] = set()
