@@ -18,7 +18,16 @@ from collections.abc import Iterator
 import pytest
 
 from kernelfleet.testing import TOKEN, Fleet, descendants, kill_all, pid_alive, wait_for
-from tests.gateway.test_partition import HOSTS, Topology, build_topology, ip, start_host_in
+from kernelfleet.testing.netns import (
+    CONTROL,
+    RAFT,
+    NamespacesUnavailable,
+    Topology,
+    build_topology,
+    start_host_in,
+)
+
+HOSTS = 3
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -111,7 +120,10 @@ async def test_a_restarted_agents_old_replicas_are_gone_and_nothing_runs_twice(f
 def cut_off(tmp_path) -> Iterator[tuple[Fleet, Topology]]:
     """A gateway in the root namespace and one host agent in each of 3 namespaces
     (tests/gateway/test_partition.py's topology); kernels get 3 replicas."""
-    topology = build_topology()
+    try:
+        topology = build_topology(HOSTS)
+    except NamespacesUnavailable as e:
+        pytest.skip(f"network namespaces: {e}")
     fleet = Fleet(state_dir=tmp_path / "fleet", token=TOKEN, env={}, ip=topology.gateway_ip)
     fleet.state_dir.mkdir()
     below: set[int] = set()
@@ -131,8 +143,10 @@ def cut_off(tmp_path) -> Iterator[tuple[Fleet, Topology]]:
 
 def cables(topology: Topology, i: int, state: str) -> None:
     """Host i's control and Raft cables ``down`` (cut) or ``up`` (healed)."""
-    for kind in ("c", "r"):
-        ip("link", "set", f"k{kind}{i}-{topology.suffix}", state)
+    if state == "down":
+        topology.cut(i, (CONTROL, RAFT))
+    else:
+        topology.heal(i, (CONTROL, RAFT))
 
 
 @pytest.mark.timeout(240)
