@@ -1,0 +1,81 @@
+"""A gateway that goes away, as JupyterLab sees it through a real jupyter_server in gateway
+mode: the cell running then fails with an error that says why, and the kernel shows dead (a
+gateway that stops shuts its kernels down) instead of staying "Idle" with the cell at ``[*]``."""
+
+import json
+import signal
+
+import pytest
+
+from kernelfleet.protocol import ErrorName
+from kernelfleet.testing import V1_PROTOCOL, KernelWebsocket
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def own_fleet(private_fleet):
+    """A fleet of this test's own: the test stops its gateway."""
+    return private_fleet(hosts=1, gpus=0)
+
+
+@pytest.fixture
+def jp_server_config(own_fleet):
+    return {
+        "ServerApp": {"jpserver_extensions": {"kernelfleet.extension": True}},
+        "GatewayClient": {"url": own_fleet.url, "auth_token": own_fleet.token},
+    }
+
+
+async def running_cell(jp_fetch, jp_ws_fetch) -> tuple[str, KernelWebsocket, str]:
+    """A new kernel, a JupyterLab-like client of it, and the id of the cell it is running."""
+    response = await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": "python3"}))
+    kernel_id = json.loads(response.body)["id"]
+    ws = await jp_ws_fetch(
+        "api", "kernels", kernel_id, "channels",
+        params={"session_id": "lab"}, subprotocols=[V1_PROTOCOL],
+    )  # fmt: skip
+    client = KernelWebsocket(ws)
+    code = "import time; print('running', flush=True); time.sleep(300)"
+    msg_id = client.send("execute_request", {"code": code, "silent": False})
+    await client.wait_for_output(msg_id, "running")
+    return kernel_id, client, msg_id
+
+
+async def statuses_until_closed(client: KernelWebsocket, timeout: float) -> list[str]:
+    """The statuses `client` got with no parent, until its websocket is quiet for `timeout`."""
+    seen = list(client.unclaimed)
+    while True:
+        try:
+            seen.append(await client.receive(timeout))
+        except (TimeoutError, ConnectionError):
+            break
+    return [
+        m["content"]["execution_state"]
+        for m in seen
+        if m["header"]["msg_type"] == "status" and not m["parent_header"]
+    ]
+
+
+async def test_a_gateway_stopped_mid_cell_fails_the_cell_and_shows_the_kernel_dead(
+    own_fleet, jp_fetch, jp_ws_fetch
+):
+    kernel_id, client, msg_id = await running_cell(jp_fetch, jp_ws_fetch)
+    own_fleet.gateway.send_signal(signal.SIGTERM)
+
+    result = await client.collect(msg_id, timeout=20)  # the deadline: within seconds
+    assert result.reply["status"] == "error"
+    assert result.reply["ename"] == ErrorName.KERNEL_UNAVAILABLE
+    assert "the gateway stopped" in result.reply["evalue"]
+    (error,) = result.of_type("error")  # what JupyterLab shows in the cell's output
+    assert error["content"]["evalue"] == result.reply["evalue"]
+    assert "dead" in await statuses_until_closed(client, timeout=5)
+    client.close()
+    assert own_fleet.gateway.wait(30) == 0
+
+    # A gateway started again knows no such kernel: the server's DELETE is answered at once
+    # (404, which jupyter_server takes as done), and the server forgets the kernel too.
+    own_fleet.start_gateway(*own_fleet.gateway_args, port=int(own_fleet.url.rsplit(":", 1)[1]))
+    response = await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    assert response.code == 204
+    assert json.loads((await jp_fetch("api", "kernels")).body) == []
