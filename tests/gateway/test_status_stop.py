@@ -1,12 +1,16 @@
 """A gateway that goes away, as JupyterLab sees it through a real jupyter_server in gateway
-mode: the cell running then fails with an error that says why, and the kernel shows dead (a
-gateway that stops shuts its kernels down) instead of staying "Idle" with the cell at ``[*]``."""
+mode (with kernelfleet's relay): the cell running then fails with an error that says why, and
+the kernel shows dead instead of staying "Idle" with the cell at ``[*]``: at once for a gateway
+that stops (it shuts its kernels down), once the relay stops trying to reconnect for a gateway
+killed with SIGKILL (it cannot say anything)."""
 
 import json
+import os
 import signal
 
 import pytest
 
+from kernelfleet.extension.cells_in_flight import GATEWAY_UNREACHABLE
 from kernelfleet.protocol import ErrorName
 from kernelfleet.testing import V1_PROTOCOL, KernelWebsocket
 
@@ -23,7 +27,13 @@ def own_fleet(private_fleet):
 def jp_server_config(own_fleet):
     return {
         "ServerApp": {"jpserver_extensions": {"kernelfleet.extension": True}},
-        "GatewayClient": {"url": own_fleet.url, "auth_token": own_fleet.token},
+        "GatewayClient": {
+            "url": own_fleet.url,
+            "auth_token": own_fleet.token,
+            # the relay gives a lost gateway 2 tries, 0.2 s then 0.4 s apart (default: 5, ~31 s)
+            "gateway_retry_interval": 0.2,
+            "gateway_retry_max": 2,
+        },
     }
 
 
@@ -43,12 +53,13 @@ async def running_cell(jp_fetch, jp_ws_fetch) -> tuple[str, KernelWebsocket, str
 
 
 async def statuses_until_closed(client: KernelWebsocket, timeout: float) -> list[str]:
-    """The statuses `client` got with no parent, until its websocket is quiet for `timeout`."""
+    """The statuses `client` got with no parent, until its websocket closed; fails if it stays
+    open, quiet, for `timeout` s."""
     seen = list(client.unclaimed)
     while True:
         try:
             seen.append(await client.receive(timeout))
-        except (TimeoutError, ConnectionError):
+        except ConnectionError:
             break
     return [
         m["content"]["execution_state"]
@@ -69,7 +80,7 @@ async def test_a_gateway_stopped_mid_cell_fails_the_cell_and_shows_the_kernel_de
     assert "the gateway stopped" in result.reply["evalue"]
     (error,) = result.of_type("error")  # what JupyterLab shows in the cell's output
     assert error["content"]["evalue"] == result.reply["evalue"]
-    assert "dead" in await statuses_until_closed(client, timeout=5)
+    assert "dead" in await statuses_until_closed(client, timeout=10)
     client.close()
     assert own_fleet.gateway.wait(30) == 0
 
@@ -79,3 +90,25 @@ async def test_a_gateway_stopped_mid_cell_fails_the_cell_and_shows_the_kernel_de
     response = await jp_fetch("api", "kernels", kernel_id, method="DELETE")
     assert response.code == 204
     assert json.loads((await jp_fetch("api", "kernels")).body) == []
+
+
+async def test_a_gateway_killed_mid_cell_fails_the_cell_then_shows_the_kernel_dead(
+    own_fleet, jp_fetch, jp_ws_fetch
+):
+    kernel_id, client, msg_id = await running_cell(jp_fetch, jp_ws_fetch)
+    os.killpg(own_fleet.gateway.pid, signal.SIGKILL)
+    own_fleet.gateway.wait(10)
+
+    result = await client.collect(msg_id, timeout=10)  # the deadline: within seconds
+    assert result.reply["status"] == "error"
+    assert result.reply["ename"] == GATEWAY_UNREACHABLE
+    assert "lost its connection to the kernelfleet gateway" in result.reply["evalue"]
+    (error,) = result.of_type("error")
+    assert error["content"]["evalue"] == result.reply["evalue"]
+    # Its 2 reconnection tries fail: the relay shows the kernel dead and closes the websocket.
+    assert "dead" in await statuses_until_closed(client, timeout=15)
+
+    # A gateway started again adopts the kernel, which the server can then shut down.
+    own_fleet.start_gateway(*own_fleet.gateway_args, port=int(own_fleet.url.rsplit(":", 1)[1]))
+    response = await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    assert response.code == 204
