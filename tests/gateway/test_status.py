@@ -1,5 +1,6 @@
 """What JupyterLab is told about its kernel, through a real jupyter_server in gateway mode: a
-restart the user asks for looks like a local kernel's restart, not like a crash.
+restart the user asks for looks like a local kernel's restart, not like a crash; a kernel that
+dies fails its running cell and shows dead.
 
 JupyterLab reads an IOPub ``status: restarting`` as "the server restarted a kernel that died"
 and shows "The kernel appears to have died. It will restart automatically."; jupyter_server
@@ -9,11 +10,14 @@ asked for through ``POST /api/kernels/{id}/restart``.
 
 import asyncio
 import json
+import os
+import signal
 import time
 
 import pytest
 from tornado.httpclient import HTTPClientError
 
+from kernelfleet.protocol import ErrorName
 from kernelfleet.testing import V1_PROTOCOL, KernelWebsocket
 
 pytestmark = pytest.mark.timeout(120)
@@ -91,3 +95,28 @@ async def test_deleting_a_kernel_the_gateway_no_longer_knows_is_quick(jp_fetch, 
     with pytest.raises(HTTPClientError) as error:
         await jp_fetch("api", "kernels", kernel["id"])
     assert error.value.code == 404
+
+
+async def test_a_kernel_that_dies_mid_cell_fails_the_cell_and_shows_dead(
+    jp_fetch, jp_ws_fetch, fleet
+):
+    kernel = await start_kernel(jp_fetch)
+    client = await connect(jp_ws_fetch, kernel["id"])
+    try:
+        code = "import time; print('running', flush=True); time.sleep(300)"
+        msg_id = client.send("execute_request", {"code": code, "silent": False})
+        await client.wait_for_output(msg_id, "running")
+        (replica,) = fleet.api("GET", f"/api/fleet/kernels/{kernel['id']}")["replicas"]
+        os.kill(replica["pid"], signal.SIGKILL)
+
+        result = await client.collect(msg_id, timeout=20)  # the deadline: within seconds
+        assert (result.reply["status"], result.reply["ename"]) == ("error", ErrorName.REPLICA_LOST)
+        assert "the kernel's last replica died" in result.reply["evalue"]
+        (error,) = result.of_type("error")  # what JupyterLab shows in the cell's output
+        assert error["content"]["evalue"] == result.reply["evalue"]
+        deadline = time.monotonic() + 10
+        while "dead" not in statuses(client.unclaimed):
+            client.unclaimed.append(await client.receive(deadline - time.monotonic()))
+    finally:
+        client.close()
+        await jp_fetch("api", "kernels", kernel["id"], method="DELETE")
