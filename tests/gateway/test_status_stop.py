@@ -112,3 +112,24 @@ async def test_a_gateway_killed_mid_cell_fails_the_cell_then_shows_the_kernel_de
     own_fleet.start_gateway(*own_fleet.gateway_args, port=int(own_fleet.url.rsplit(":", 1)[1]))
     response = await jp_fetch("api", "kernels", kernel_id, method="DELETE")
     assert response.code == 204
+
+
+async def test_a_gateway_that_lets_its_kernels_run_on_fails_the_cell_and_says_so(private_fleet):
+    """Straight to the gateway (no server between): its kernels outlive it, so its clients get
+    no ``dead``, and the running cell's error says the kernel keeps running."""
+    fleet = private_fleet(
+        hosts=1, gpus=0, gateway_args=("--GatewayApp.stop_kernels_on_exit=False",)
+    )
+    kernel_id = fleet.start_kernel()
+    client = await fleet.connect(kernel_id)
+    code = "import time; kept = 'yes'; print('running', flush=True); time.sleep(300)"
+    msg_id = client.send("execute_request", {"code": code, "silent": False})
+    await client.wait_for_output(msg_id, "running")
+    fleet.gateway.send_signal(signal.SIGTERM)
+
+    result = await client.collect(msg_id, timeout=20)
+    assert result.reply["ename"] == ErrorName.KERNEL_UNAVAILABLE
+    assert "the kernel keeps running" in result.reply["evalue"]
+    assert len(result.of_type("error")) == 1
+    assert "dead" not in await statuses_until_closed(client, timeout=10)
+    assert fleet.gateway.wait(30) == 0
