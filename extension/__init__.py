@@ -3,11 +3,12 @@
 Stock ``jupyter lab --gateway-url=...`` works without it. Installed (``pip install kernelfleet``
 enables it through ``jupyter_server_config.d``), it serves the JupyterLab fleet panel's API
 (`kernelfleet.extension.routes`, proxying the gateway's admin API and event stream) and mends
-three things in jupyter_server's
+four things in jupyter_server's
 gateway websocket relay: JupyterLab's ``v1.kernel.websocket.jupyter.org`` framing is spoken end to
 end (stock gateway mode refuses it, so each connection fails once and reconnects), binary frames
-(messages with buffers) are passed on as binary instead of being decoded as text, and Nagle's
-algorithm is switched off on both legs of the relay.
+(messages with buffers) are passed on as binary instead of being decoded as text, Nagle's
+algorithm is switched off on both legs of the relay, and a lost gateway is told to the client
+(its cells in flight fail, and the kernel shows dead once reconnecting fails).
 """
 
 from __future__ import annotations

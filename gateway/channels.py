@@ -289,12 +289,20 @@ class KernelLink:
         for client in list(self._clients):
             client.deliver(channel, message)
 
-    def close(self, why: str = "the kernel's link closed") -> None:
+    def close(
+        self,
+        why: str = "the kernel's link closed",
+        ename: str = ErrorName.REPLICA_LOST,
+        last_status: str | None = None,
+    ) -> None:
         """Close the link: cells not yet run and each client's running cells get an error
-        reply saying `why`, then the clients are disconnected."""
+        saying `why` (the running ones under `ename`); each client then gets the status
+        `last_status` (``dead`` for a kernel that is gone), if any, and is disconnected."""
         self.cells.close(why)
         for client in list(self._clients):
-            client.fail_pending(why)
+            client.fail_pending(why, ename=ename)
+            if last_status is not None:
+                client.publish_status(last_status)
             client.close()
             client.on_closed()
         for feed in self.feeds.values():
@@ -456,17 +464,29 @@ class ClientLink:
         self._publish("status", {"execution_state": "idle"}, parent)
 
     def fail_pending(
-        self, why: str, replica_id: str | None = None, keep: str | None = None
+        self,
+        why: str,
+        replica_id: str | None = None,
+        keep: str | None = None,
+        ename: str = ErrorName.REPLICA_LOST,
     ) -> None:
         """Answer every cell this client still waits for (on `replica_id`, or anywhere; but
-        `keep`, a cell sent again) with a `ReplicaLost` error and an idle status."""
+        `keep`, a cell sent again) as a kernel answers a failed cell: an IOPub ``error`` (what
+        frontends show in the cell's output), an error ``execute_reply`` (`ename`, `why`),
+        then an ``idle`` status."""
         for msg_id, (raw_header, on) in list(self._pending.items()):
             if (replica_id is not None and on != replica_id) or msg_id == keep:
                 continue
             del self._pending[msg_id]
             parent = json.loads(raw_header)
-            self._publish("execute_reply", _lost_cell_reply(why), parent, channel="shell")
+            reply = _error_reply(ename, why)
+            self._publish("error", {k: reply[k] for k in ("ename", "evalue", "traceback")}, parent)
+            self._publish("execute_reply", reply, parent, channel="shell")
             self._publish("status", {"execution_state": "idle"}, parent)
+
+    def publish_status(self, execution_state: str) -> None:
+        """Send this client a status message of the gateway's own, with no parent."""
+        self._publish("status", {"execution_state": execution_state}, {})
 
     def close(self) -> None:
         self._closed = True
@@ -584,10 +604,6 @@ async def _verified_messages(
             )
             continue
         yield message
-
-
-def _lost_cell_reply(why: str) -> dict[str, Any]:
-    return _error_reply(ErrorName.REPLICA_LOST, why)
 
 
 def _error_reply(ename: str, evalue: str) -> dict[str, Any]:

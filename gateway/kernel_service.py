@@ -64,6 +64,7 @@ from kernelfleet.gateway.records import (
     start_facts,
 )
 from kernelfleet.gateway.store import KernelStore
+from kernelfleet.protocol import ErrorName
 from kernelfleet.scheduler import FleetSnapshot, Policy
 from kernelfleet.scheduler.usage import UsageWindow
 
@@ -264,12 +265,16 @@ class KernelService:
 
         A replica whose host is lost, or whose agent no longer knows it (the agent restarted), is
         replaced by a new one wherever the policy places it.
+
+        The kernel's clients see what a local kernel restarted through jupyter_server shows them:
+        no ``restarting`` status (frontends take that one for a crash the server recovers from:
+        JupyterLab shows "The kernel appears to have died"), the new kernel's own messages, and
+        an ``idle`` status once it answers. Only the REST model says ``restarting`` meanwhile.
         """
         kernel = self.get(kernel_id)
         async with kernel.lifecycle:
             self.get(kernel_id)  # still there: a shutdown may have won the lock
             kernel.execution_state = "restarting"
-            self._linker.announce(kernel, "restarting")
             old_connections = [replica.connection for replica in kernel.replicas]
             try:
                 if kernel.replicated:
@@ -309,13 +314,19 @@ class KernelService:
         log.warning("kernel %s: replacing replica %s on %s", kernel.id, replica.id, replica.host_id)
         return await self._launcher.launch(kernel, host_id)
 
-    async def shutdown(self, kernel_id: str) -> None:
+    async def shutdown(self, kernel_id: str, why: str = "the kernel was shut down") -> None:
+        """Stop the kernel's replicas and forget it; `NotFound` (at once) for a kernel this
+        gateway does not know. Its clients are told first: a cell still running gets an error
+        saying `why` (``KernelUnavailable``), then a ``dead`` status, which JupyterLab shows
+        (as it shows a kernel that vanished from the server's list), and their websockets close.
+        """
         kernel = self.get(kernel_id)
         async with kernel.lifecycle:
             if self._kernels.pop(kernel_id) is None:
                 return  # another shutdown finished first
+            kernel.execution_state = "dead"
             if kernel.link is not None:
-                kernel.link.close("the kernel was shut down")
+                kernel.link.close(why, ename=ErrorName.KERNEL_UNAVAILABLE, last_status="dead")
             await self._launcher.stop(kernel, kernel.replicas)
         self._chooser.released(self.ledger.remove_kernel(kernel_id))
         self._chooser.capacity_changed()
@@ -324,17 +335,28 @@ class KernelService:
         self.events.publish(EventType.KERNEL_STOPPED, {"why": "shut down"}, kernel_id=kernel_id)
 
     async def shutdown_all(self) -> None:
+        """Shut every kernel down, as the gateway stops (`shutdown`: their clients see them
+        dead, and a running cell fails saying why)."""
+        why = "the gateway stopped, and shut its kernels down with it"
         await asyncio.gather(
-            *(self.shutdown(k) for k in self._kernels.ids()), return_exceptions=True
+            *(self.shutdown(k, why) for k in self._kernels.ids()), return_exceptions=True
         )
         self._context.term()
 
     def close(self) -> None:
-        """Let go of every kernel without stopping it; the store keeps them for the next gateway."""
+        """Let go of every kernel without stopping it; the store keeps them for the next gateway.
+
+        A cell still running gets an error saying so (``KernelUnavailable``); the clients'
+        websockets close, and jupyter_server's relay reconnects once a gateway runs again. No
+        ``dead`` status: the kernel lives on."""
         self._kernels.persist()
+        why = (
+            "the gateway stopped while this cell ran: the kernel keeps running, and a gateway "
+            "started again adopts it, but this cell's outputs and reply are lost"
+        )
         for kernel in self._kernels.all():
             if kernel.link is not None:
-                kernel.link.close("the gateway stopped")
+                kernel.link.close(why, ename=ErrorName.KERNEL_UNAVAILABLE)
         self._context.term()
 
     def attach(

@@ -3,7 +3,7 @@
 `KernelLinker.link` builds a kernel's `KernelLink` (its clients' channels to every replica that
 can answer); the link reports back here: IOPub status and executor changes update the
 `KernelRecord`, and a cell's start delay goes to the metrics. `announce` publishes the
-gateway's own status messages (restarting, dead) to the kernel's clients.
+gateway's own status messages (``idle`` after a restart, ``dead``) to the kernel's clients.
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ from kernelfleet.gateway.metrics import FleetMetrics
 from kernelfleet.gateway.records import CellRecord, KernelRecord
 
 log = logging.getLogger("kernelfleet.gateway.kernels")
+
+ANNOUNCED_STATES = frozenset({"idle", "dead"})
+"""The statuses the gateway publishes itself. Never ``restarting``: frontends take that one for
+a crash the server recovered from (JupyterLab shows "The kernel appears to have died"), which
+jupyter_server sends only when a kernel died and was restarted without being asked to."""
 
 
 class CellAssigner(Protocol):
@@ -93,7 +98,11 @@ class KernelLinker:
         kernel.execution_state = "idle"
 
     def announce(self, kernel: KernelRecord, execution_state: str) -> None:
-        """Publish a status message of the gateway's own to the kernel's clients."""
+        """Publish a status message of the gateway's own to the kernel's clients: ``idle``
+        (a restart is done) or ``dead`` (the kernel is gone: JupyterLab then shows it dead and
+        stops using the connection). `ValueError` for any other state (`ANNOUNCED_STATES`)."""
+        if execution_state not in ANNOUNCED_STATES:
+            raise ValueError(f"the gateway does not announce {execution_state!r} itself")
         if kernel.link is None:
             return
         msg = self._status_session.msg("status", content={"execution_state": execution_state})
