@@ -362,9 +362,9 @@ class GroupKeeper:
         index = kernel.replicas.index(old)
         kernel.replicas[index] = new
         live = kernel.linkable_replicas()
+        through = Member(live[0].id, live[0].raft_address or "", live[0].connection)
+        timeout = self._replication.join_timeout
         try:
-            through = Member(live[0].id, live[0].raft_address or "", live[0].connection)
-            timeout = self._replication.join_timeout
             remove = [] if old_alive else [old.raft_address or ""]
             members = await change_members(
                 self._context, through, remove, [new.raft_address or ""], timeout
@@ -380,10 +380,26 @@ class GroupKeeper:
         except BaseException:
             kernel.replicas[index] = old
             await self._launcher.stop(kernel, [new])
+            await self._withdraw(kernel, through, new)  # a no-op if it never got in
             raise
         new.move_to(ReplicaState.READY)
         log.info("kernel %s: replica %s on %s replaced %s", kernel.id, new.id, host_id, old.id)
         return new
+
+    async def _withdraw(self, kernel: KernelRecord, through: Member, new: ReplicaRecord) -> None:
+        """Take a replacement that failed to join back out of the group. Left in, it would
+        count as a member that never answers: one more such failure and the live replicas
+        are no longer a majority, and the kernel can commit nothing (seen by the chaos soak)."""
+        try:
+            await change_members(
+                self._context, through, [new.raft_address or ""], [],
+                self._replication.join_timeout,
+            )  # fmt: skip
+        except FleetError as e:
+            log.error(
+                "kernel %s: the failed replacement %s could not be taken out of its Raft "
+                "group: %s", kernel.id, new.id, e,
+            )  # fmt: skip
 
     async def _remove_member(self, kernel: KernelRecord, gone: ReplicaRecord) -> None:
         """Take a stopped replica's address out of the group, through a live member."""

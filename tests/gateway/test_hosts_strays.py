@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 
 import pytest
 
-from kernelfleet.testing import TOKEN, Fleet, descendants, kill_all, pid_alive, wait_for
+from kernelfleet.testing import Fleet, descendants, kill_all, pid_alive, wait_for
 from kernelfleet.testing.netns import (
     CONTROL,
     RAFT,
-    NamespacesUnavailable,
     Topology,
-    build_topology,
-    start_host_in,
 )
 
 HOSTS = 3
@@ -117,28 +113,10 @@ async def test_a_restarted_agents_old_replicas_are_gone_and_nothing_runs_twice(f
 
 
 @pytest.fixture
-def cut_off(tmp_path) -> Iterator[tuple[Fleet, Topology]]:
+def cut_off(partitioned) -> tuple[Fleet, Topology]:
     """A gateway in the root namespace and one host agent in each of 3 namespaces
-    (tests/gateway/test_partition.py's topology); kernels get 3 replicas."""
-    try:
-        topology = build_topology(HOSTS)
-    except NamespacesUnavailable as e:
-        pytest.skip(f"network namespaces: {e}")
-    fleet = Fleet(state_dir=tmp_path / "fleet", token=TOKEN, env={}, ip=topology.gateway_ip)
-    fleet.state_dir.mkdir()
-    below: set[int] = set()
-    try:
-        fleet.gateway_args = ("--replicas", "3")
-        fleet.start_gateway(*fleet.gateway_args)
-        for i in range(1, HOSTS + 1):
-            start_host_in(fleet, topology, i)
-        yield fleet, topology
-    finally:
-        for process in fleet.hosts.values():
-            below.update(descendants(process.pid))
-        fleet.stop()
-        kill_all(below)
-        topology.destroy()
+    (the ``partitioned`` fixture's topology); kernels get 3 replicas."""
+    return partitioned.fleet, partitioned.topology
 
 
 def cables(topology: Topology, i: int, state: str) -> None:

@@ -1,31 +1,23 @@
 """A replica cut off from its Raft group by a real network partition (Linux network namespaces).
 
-The ``partitioned`` fixture runs a gateway in the root namespace and one host agent in each of 3
-namespaces (`kernelfleet.testing.netns`: a control bridge for the gateway's HTTP, heartbeats and
-ZMQ, a Raft bridge for the replicas' pysyncobj ports); the test cuts the executor's host's port
-on the Raft bridge only (``ip link set kr<i>-<sfx> down``, as if its cable were pulled at the
-switch), so its heartbeats and channels go on, then heals it. (Downing ``raft0`` inside the
-namespace instead works too; the healed replica then takes a couple of seconds longer to
-reconnect.)
+The ``partitioned`` fixture (conftest.py) runs a gateway in the root namespace and one host
+agent in each of 3 namespaces (`kernelfleet.testing.netns`: a control bridge for the gateway's
+HTTP, heartbeats and ZMQ, a Raft bridge for the replicas' pysyncobj ports); the test cuts the
+executor's host's port on the Raft bridge only (``ip link set kr<i>-<sfx> down``, as if its
+cable were pulled at the switch), so its heartbeats and channels go on, then heals it. (Downing
+``raft0`` inside the namespace instead works too; the healed replica then takes a couple of
+seconds longer to reconnect.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
 from kernelfleet.protocol import ErrorName
-from kernelfleet.testing import TOKEN, Fleet, descendants, kill_all, wait_for
-from kernelfleet.testing.netns import (
-    NamespacesUnavailable,
-    Topology,
-    build_topology,
-    start_host_in,
-)
+from kernelfleet.testing import Fleet, wait_for
 from kernelfleet.testing.replicas import (
     agreed_executors,
     execute_on,
@@ -36,36 +28,6 @@ from kernelfleet.testing.replicas import (
 pytestmark = pytest.mark.timeout(180)  # about 17 s on 2 cores: not marked slow
 
 HOSTS = 3
-
-
-@dataclass
-class Partitioned:
-    fleet: Fleet
-    topology: Topology
-
-
-@pytest.fixture
-def partitioned(tmp_path) -> Iterator[Partitioned]:
-    """A gateway in the root namespace and one host agent in each of 3 namespaces."""
-    try:
-        topology = build_topology(HOSTS)
-    except NamespacesUnavailable as e:
-        pytest.skip(f"network namespaces: {e}")
-    fleet = Fleet(state_dir=tmp_path / "fleet", token=TOKEN, env={}, ip=topology.gateway_ip)
-    fleet.state_dir.mkdir()
-    below: set[int] = set()
-    try:
-        fleet.gateway_args = ("--replicas", "3")
-        fleet.start_gateway(*fleet.gateway_args)
-        for i in range(1, HOSTS + 1):
-            start_host_in(fleet, topology, i)
-        yield Partitioned(fleet, topology)
-    finally:
-        for process in fleet.hosts.values():
-            below.update(descendants(process.pid))
-        fleet.stop()
-        kill_all(below)  # replicas that outlived their agent
-        topology.destroy()
 
 
 def _assert_every_host_alive(fleet: Fleet) -> None:
