@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import zmq
@@ -69,6 +69,10 @@ OnClosed = Callable[[], None]
 
 ROUTES_KEPT = 4096
 """Requests whose answering replica is remembered (late output of old cells included)."""
+
+
+AskOutcome = Callable[[ConnectionInfo, str, int], Awaitable[dict[str, Any]]]
+"""``(replica, cell_id, attempt) -> the replica's outcome reply`` (`Request.OUTCOME`)."""
 
 
 class KernelLifecycle(Protocol):
@@ -190,6 +194,10 @@ class KernelLink:
         self.cells = CellQueue(kernel_id, assign, self._dispatch_cell, watcher)
         self.comms = CommTable(kernel_id)
         self.lifecycle: KernelLifecycle | None = None
+        self.ask_outcome: AskOutcome | None = None
+        """Asks a live replica whether a cell its lost executor ran completed (set by the
+        linker); without it such a cell fails as lost."""
+        self._settling: set[asyncio.Task[None]] = set()
         """Set by whoever owns the kernel; without it a ``shutdown_request`` reaches the
         primary replica alone."""
         self._stopping: asyncio.Task[None] | None = None
@@ -214,15 +222,52 @@ class KernelLink:
         feed = self.feeds.pop(replica_id, None)
         if feed is not None:
             feed.close()
+        current = self.cells.current
+        attempts = {current.id: current.attempt} if current is not None else {}
         resent = self.cells.replica_lost(replica_id)
+        unanswered = {
+            msg_id for client in self._clients for msg_id in client.cells_pending_on(replica_id)
+        } - {resent}
+        settle = unanswered if self.feeds and self.ask_outcome is not None else set()
         if self.feeds:
             why += "; the kernel goes on with the state of its last completed cell"
+        keep = settle | ({resent} if resent is not None else set())
         for client in list(self._clients):
-            client.fail_pending(why, replica_id, keep=resent)
+            client.fail_pending(why, replica_id, keep=keep)
             client.close_replica(replica_id)
+        for cell_id in settle:
+            attempt = attempts.get(cell_id, 0)
+            task = asyncio.ensure_future(self._settle_lost_cell(cell_id, attempt, replica_id, why))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
         if self.primary == replica_id:
             self.primary = next(iter(self.feeds), None)
         self._close_stranded_comms()
+
+    async def _settle_lost_cell(
+        self, cell_id: str, attempt: int, replica_id: str, why: str
+    ) -> None:
+        """Answer a cell whose executor was lost as it really ended: if its state delta got
+        into the Raft log (a live replica says so, after committing an entry of its own), it
+        completed and its effects are in every replica, so it is answered ``ok`` with a note
+        that its output was lost; otherwise it failed, with no effect."""
+        completed, count = False, None
+        survivor = next(iter(self.feeds.values()), None)
+        try:
+            if survivor is None or self.ask_outcome is None:
+                raise KernelDead("no live replica to ask")
+            answer = await self.ask_outcome(survivor.info, cell_id, attempt)
+        except Exception as e:  # no majority, or the survivor went too
+            log.warning("kernel %s: outcome of cell %s unknown: %s", self.kernel_id, cell_id, e)
+            why += "; whether the cell completed before that is unknown"
+        else:
+            completed, count = bool(answer.get("completed")), answer.get("execution_count")
+            why += "" if completed else "; the cell's effects are not kept"
+        for client in list(self._clients):
+            if completed:
+                client.answer_completed(cell_id, replica_id, count)
+            else:
+                client.fail_pending(why, replica_id, only=cell_id)
 
     def set_primary(self, replica_id: str) -> None:
         if replica_id in self.feeds and replica_id != self.primary:
@@ -467,15 +512,18 @@ class ClientLink:
         self,
         why: str,
         replica_id: str | None = None,
-        keep: str | None = None,
+        keep: set[str] | frozenset[str] = frozenset(),
         ename: str = ErrorName.REPLICA_LOST,
+        only: str | None = None,
     ) -> None:
         """Answer every cell this client still waits for (on `replica_id`, or anywhere; but
-        `keep`, a cell sent again) as a kernel answers a failed cell: an IOPub ``error`` (what
-        frontends show in the cell's output), an error ``execute_reply`` (`ename`, `why`),
-        then an ``idle`` status."""
+        those in `keep`: sent again, or still being settled; or just `only`) as a kernel
+        answers a failed cell: an IOPub ``error`` (what frontends show in the cell's output),
+        an error ``execute_reply`` (`ename`, `why`), then an ``idle`` status."""
         for msg_id, (raw_header, on) in list(self._pending.items()):
-            if (replica_id is not None and on != replica_id) or msg_id == keep:
+            if (replica_id is not None and on != replica_id) or msg_id in keep:
+                continue
+            if only is not None and msg_id != only:
                 continue
             del self._pending[msg_id]
             parent = json.loads(raw_header)
@@ -483,6 +531,26 @@ class ClientLink:
             self._publish("error", {k: reply[k] for k in ("ename", "evalue", "traceback")}, parent)
             self._publish("execute_reply", reply, parent, channel="shell")
             self._publish("status", {"execution_state": "idle"}, parent)
+
+    def cells_pending_on(self, replica_id: str) -> list[str]:
+        """The cells this client sent to `replica_id` and still waits for the reply of."""
+        return [msg_id for msg_id, (_, on) in self._pending.items() if on == replica_id]
+
+    def answer_completed(self, msg_id: str, replica_id: str, execution_count: Any) -> None:
+        """Answer a cell that completed on `replica_id`, lost since, before its reply came:
+        a note on stderr (its output after the loss is gone), an ``ok`` reply, ``idle``."""
+        pending = self._pending.pop(msg_id, None)
+        if pending is None:
+            return
+        parent = json.loads(pending[0])
+        note = (
+            f"kernelfleet: replica {replica_id}, which ran this cell, was lost after the cell "
+            "completed: its effects are kept in every replica, the rest of its output is lost\n"
+        )
+        self._publish("stream", {"name": "stderr", "text": note}, parent)
+        reply = {"status": "ok", "execution_count": execution_count, "user_expressions": {}}
+        self._publish("execute_reply", reply, parent, channel="shell")
+        self._publish("status", {"execution_state": "idle"}, parent)
 
     def publish_status(self, execution_state: str) -> None:
         """Send this client a status message of the gateway's own, with no parent."""

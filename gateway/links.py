@@ -27,6 +27,7 @@ from kernelfleet.gateway.events import EventBus
 from kernelfleet.gateway.framing import KernelMessage, kernel_message_from_dict
 from kernelfleet.gateway.metrics import FleetMetrics
 from kernelfleet.gateway.records import CellRecord, KernelRecord
+from kernelfleet.gateway.replication import ask_outcome
 
 log = logging.getLogger("kernelfleet.gateway.kernels")
 
@@ -78,6 +79,7 @@ class KernelLinker:
             functools.partial(self._assigner.assign, kernel),
             KernelCells(kernel, self._metrics, self._events),
         )
+        link.ask_outcome = functools.partial(ask_outcome, self._context)
         kernel.link = link
         # The last executor first: it is the primary, which answers everything but cells.
         live.sort(key=lambda replica: replica.id != kernel.executor)

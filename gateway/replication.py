@@ -26,8 +26,13 @@ from kernelfleet.protocol import (
     ForgetContent,
     JoinContent,
     MembershipContent,
+    OutcomeContent,
     Request,
 )
+
+OUTCOME_TIMEOUT = 15.0
+"""Seconds a live replica has to say whether a lost executor's cell completed (it commits an
+entry first: after a leader loss, that includes an election)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,17 @@ async def _join(
     await send_request(context, member.connection, Request.JOIN, content, timeout, what)
 
 
+async def ask_outcome(
+    context: zmq.asyncio.Context, info: ConnectionInfo, cell_id: str, attempt: int
+) -> dict[str, Any]:
+    """Ask the live replica at `info` whether cell `cell_id`, whose executor was lost,
+    completed (`Request.OUTCOME`): ``{"completed", "execution_count"}``; `KernelStartFailed`
+    when it cannot tell (no majority to commit its barrier within `OUTCOME_TIMEOUT`)."""
+    content = OutcomeContent(cell_id=cell_id, attempt=attempt)
+    what = f"asking whether cell {cell_id} completed"
+    return await send_request(context, info, Request.OUTCOME, content, OUTCOME_TIMEOUT, what)
+
+
 async def change_members(
     context: zmq.asyncio.Context,
     through: Member,
@@ -106,7 +122,7 @@ async def send_request(
     context: zmq.asyncio.Context,
     connection: ConnectionInfo,
     request: Request,
-    content: JoinContent | MembershipContent | ForgetContent | dict[str, Any],
+    content: JoinContent | MembershipContent | ForgetContent | OutcomeContent | dict[str, Any],
     timeout: float,
     what: str,
 ) -> dict[str, Any]:

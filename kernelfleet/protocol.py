@@ -79,6 +79,14 @@ class Request(enum.StrEnum):
     its devices, so move its tensors to host memory. Answered ``{"status": "ok", "tensors",
     "modules", "optimizers", "bytes", "seconds", "skipped"}`` (what moved, and what did not)."""
 
+    OUTCOME = "kernelfleet_outcome_request"
+    """Gateway -> a live replica, on control: did the cell whose executor was lost complete
+    (`OutcomeContent`)? The replica first commits an entry of its own (a YIELD of that cell),
+    so that every entry the lost executor got committed is committed and applied here too;
+    then it answers ``{"status": "ok", "completed": bool, "execution_count": int | None}``:
+    completed means the cell's state delta is in the log, its effects in every replica.
+    ``"error"`` when it could not commit in time (no majority): the outcome is unknown."""
+
     @property
     def reply(self) -> Reply:
         """The message type of this request's answer."""
@@ -98,6 +106,7 @@ class Reply(enum.StrEnum):
     FORGET = "kernelfleet_forget_reply"
     STATUS = "kernelfleet_status_reply"
     RELEASE = "kernelfleet_release_reply"
+    OUTCOME = "kernelfleet_outcome_reply"
 
 
 _REPLIES: dict[Request, Reply] = {request: Reply[request.name] for request in Request}
@@ -107,6 +116,7 @@ _CHANNELS: dict[Request, Channel] = {
     Request.FORGET: Channel.CONTROL,
     Request.STATUS: Channel.CONTROL,
     Request.RELEASE: Channel.CONTROL,
+    Request.OUTCOME: Channel.CONTROL,
 }
 
 
@@ -141,6 +151,15 @@ class ForgetContent(TypedDict):
 
     replicas: list[str]
     """Ids of the replicas lost."""
+
+
+class OutcomeContent(TypedDict):
+    """The content of `Request.OUTCOME`."""
+
+    cell_id: str
+    """The ``msg_id`` of the cell's ``execute_request``."""
+    attempt: int
+    """The attempt the lost executor ran (`CellKey.ATTEMPT`)."""
 
 
 class Role(enum.StrEnum):

@@ -59,6 +59,7 @@ from kernelfleet.protocol import (
     ForgetContent,
     JoinContent,
     MembershipContent,
+    OutcomeContent,
     ReplicaEnv,
     Reply,
     Request,
@@ -72,6 +73,7 @@ LEAD_DEADLINE = 5.0  # seconds to commit the LEAD proposal before refusing the c
 MEMBERSHIP_DEADLINE = 10.0  # seconds to get a membership change through pysyncobj's refusals
 OWED_DELTA_WAIT = 15.0  # seconds to wait for another replica's owed delta before going on
 CELLS_REMEMBERED = 10_000  # cells whose executor is remembered, to refuse a duplicate
+OUTCOME_DEADLINE = 10.0  # seconds to commit the barrier of an outcome request
 MAGICS_EXTENSION = "kernelfleet.kernels.magics"  # %fleet, %gpus and the tools' magics
 UNSUPPORTED_FEATURES = ("kernel subshells", "debugger")
 """ipykernel features a replica does not advertise in ``supported_features``
@@ -132,6 +134,7 @@ class ReplicatedKernel(IPythonKernel):
             Request.FORGET: self.forget_request,
             Request.STATUS: self.status_request,
             Request.RELEASE: self.gpu_release_request,
+            Request.OUTCOME: self.outcome_request,
         }
         tables = {Channel.SHELL: self.shell_handlers, Channel.CONTROL: self.control_handlers}
         for request, handler in handlers.items():
@@ -146,6 +149,7 @@ class ReplicatedKernel(IPythonKernel):
         self.owing: set[str] = set()  # replicas whose LEAD awaits their StateDelta
         self.forgotten: set[str] = set()  # lost replicas: whatever they owed never comes
         self.cell_leads: OrderedDict[tuple[str, int], str] = OrderedDict()
+        self.cells_completed: OrderedDict[str, int] = OrderedDict()  # cell -> execution count
         """(cell, attempt) -> the replica whose LEAD committed first: the cell's executor."""
         self.settled = asyncio.Event()
         self.settled.set()
@@ -244,6 +248,37 @@ class ReplicatedKernel(IPythonKernel):
             group.loop.call_soon_threadsafe(self._forget, lost)
         assert self.session is not None
         self.session.send(stream, Reply.FORGET, {"status": "ok"}, parent, ident)
+
+    async def outcome_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        """Whether a cell whose executor was lost completed (`Request.OUTCOME`; control
+        thread, the log runs on the main loop)."""
+        content: OutcomeContent = parent["content"]
+        cell_id = content["cell_id"]
+        group = self.group
+        try:
+            if group is None:
+                raise RuntimeError(f"replica {self.replica_id} has not joined a group")
+            barrier = Proposal(
+                cell_id=cell_id,
+                replica_id=self.replica_id,
+                role=Role.YIELD,
+                attempt=int(content.get("attempt", 0)),
+            )
+            commit = group.raft.append_with_retry(barrier, time.monotonic() + OUTCOME_DEADLINE)
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(commit, group.loop))
+            count = self.cells_completed.get(cell_id)
+            reply: dict[str, Any] = {
+                "status": "ok",
+                "completed": count is not None,
+                "execution_count": count,
+            }
+        except Exception as e:
+            self.log.warning(
+                "replica %s: outcome of cell %s unknown: %s", self.replica_id, cell_id, e
+            )
+            reply = {"status": "error", "ename": type(e).__name__, "evalue": str(e)}
+        assert self.session is not None
+        self.session.send(stream, Reply.OUTCOME, reply, parent, ident)
 
     async def status_request(self, stream: Any, ident: Any, parent: dict) -> None:
         """Report this replica's view of its group and of who ran which cell (control)."""
@@ -478,6 +513,9 @@ class ReplicatedKernel(IPythonKernel):
             return
         if not isinstance(entry, StateDelta):
             return
+        self.cells_completed[entry.cell_id] = entry.execution_count
+        while len(self.cells_completed) > CELLS_REMEMBERED:
+            self.cells_completed.popitem(last=False)
         self.owing.discard(entry.replica_id)
         if not self.owing - {self.replica_id}:
             self.settled.set()
