@@ -75,6 +75,11 @@ def status_for(error: FleetError) -> int:
     return 500
 
 
+def is_kernel_token(token: str | None) -> bool:
+    """Whether `token` has the form of a kernel-scoped token (valid or not)."""
+    return token is not None and token.startswith(f"{KERNEL_TOKEN_PREFIX}.")
+
+
 def token_from_request(request: Any) -> str | None:
     """The token a request presents, from its Authorization header or its ``token`` argument."""
     header = request.headers.get("Authorization", "")
@@ -190,7 +195,7 @@ class TokenAuthMixin:
             self.kernel_principal = None
             return
         check: KernelTokenCheck | None = self.settings.get("kernel_token_check")
-        if check is None or not presented.startswith(f"{KERNEL_TOKEN_PREFIX}."):
+        if check is None or not is_kernel_token(presented):
             raise web.HTTPError(403, "the token is not valid")
         kernel_id = check(presented)
         if kernel_id is None:

@@ -17,7 +17,7 @@ from kernelfleet.errors import InvalidRequest
 from kernelfleet.gateway.handlers.base import GatewayHandler
 from kernelfleet.gateway.hosts import HostState
 from kernelfleet.gateway.openapi import spec
-from kernelfleet.web import KernelAccess, token_from_request, token_matches
+from kernelfleet.web import KernelAccess, is_kernel_token, token_from_request, token_matches
 
 _ANY = KernelAccess.ANY
 _OWN = KernelAccess.OWN
@@ -98,10 +98,15 @@ class FleetHostHandler(GatewayHandler):
         self.write_json(host_models(self)[host_id])
 
     def check_token(self) -> None:
-        """A heartbeat takes the fleet token only: any other is 401, and the gateway logs the
-        first one from each agent (`HostRegistry.refuse_token`), not every beat."""
+        """A heartbeat takes the fleet token only: any other is 401 (a kernel token 403), and
+        the gateway logs the first one from each agent (`HostRegistry.refuse_token`), not every
+        beat."""
         presented = token_from_request(self.request)
-        if self.request.method == "PUT" and not token_matches(presented, self.settings["token"]):
+        if (
+            self.request.method == "PUT"
+            and not token_matches(presented, self.settings["token"])
+            and not is_kernel_token(presented)  # a kernel's: 403, as on every admin route
+        ):
             host_id = self.path_kwargs.get("host_id", "?")
             self.hosts.refuse_token(host_id, self.request.remote_ip or "?")
             raise web.HTTPError(

@@ -30,7 +30,7 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 from kernelfleet.errors import FleetError
 from kernelfleet.gateway.hosts import HostRegistry
-from kernelfleet.web import JsonErrorsMixin, token_from_request, token_matches
+from kernelfleet.web import JsonErrorsMixin, is_kernel_token, token_from_request, token_matches
 
 log = logging.getLogger("kernelfleet.gateway.hosts")
 
@@ -60,7 +60,10 @@ class HostLinkHandler(JsonErrorsMixin, WebSocketHandler):
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
         self.host_id = kwargs["host_id"]
-        if not token_matches(token_from_request(self.request), self.settings["token"]):
+        presented = token_from_request(self.request)
+        if is_kernel_token(presented):
+            raise web.HTTPError(403, "a kernel's token may not link a host")
+        if not token_matches(presented, self.settings["token"]):
             self.hosts.refuse_token(self.host_id, self.request.remote_ip or "?")
             raise web.HTTPError(401, "not the fleet token: start the agent with the gateway's")
         self.instance = self.get_query_argument("instance", "")
