@@ -52,6 +52,8 @@ class Fleet:
     hosts: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     url: str = ""
     gateway_args: tuple[str, ...] = ()
+    host_args: tuple[str, ...] = ()
+    """Arguments every host agent this fleet starts gets, before those of `start_host`."""
     ip: str = "127.0.0.1"
     """The address the gateway listens on (its ``--ip``); host agents reach it there."""
 
@@ -93,7 +95,9 @@ class Fleet:
     ) -> subprocess.Popen[bytes]:
         """Start a host agent (run by `launcher`, if any) and wait until the gateway lists it
         alive; fails at once, with its log, if it exits first."""
-        agent_args = host_agent_args(self.url, host_id, gpus, self.state_dir / host_id, *args)
+        agent_args = host_agent_args(
+            self.url, host_id, gpus, self.state_dir / host_id, *self.host_args, *args
+        )
         process = self.spawn(host_id, *agent_args, launcher=launcher)
         self.hosts[host_id] = process
 
@@ -214,14 +218,17 @@ def start_fleet(
     token: str = TOKEN,
     replicas: int | None = 1,
     gateway_args: Sequence[str] = (),
+    host_args: Sequence[str] = (),
 ) -> Fleet:
     """A gateway and `hosts` agents (``host-1``...) of `gpus` virtual GPUs each; kernels get
-    `replicas` replicas (None: the gateway's default); `gateway_args` go to the gateway."""
+    `replicas` replicas (None: the gateway's default); `gateway_args` go to the gateway,
+    `host_args` to every host agent."""
     state_dir.mkdir(parents=True, exist_ok=True)
     fleet = Fleet(state_dir=state_dir, token=token, env=env or {})
     try:
         replica_args = () if replicas is None else ("--replicas", str(replicas))
         fleet.gateway_args = (*replica_args, *gateway_args)
+        fleet.host_args = tuple(host_args)
         fleet.start_gateway(*fleet.gateway_args)
         for i in range(1, hosts + 1):
             fleet.start_host(f"host-{i}", gpus)
