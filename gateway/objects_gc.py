@@ -34,22 +34,11 @@ from pathlib import Path
 
 from kernelfleet.gateway.event_schemas import EventType
 from kernelfleet.gateway.events import EventBus
-from kernelfleet.kernels.objectstore import kernel_folder_name
+from kernelfleet.kernels.objectstore import grace_from_env, kernel_folder_name
 
 log = logging.getLogger("kernelfleet.gateway.objects_gc")
 
-DEFAULT_GRACE = 60.0
-GRACE_ENV = "KERNELFLEET_OBJECTS_GRACE"
 FOLDER_PREFIX = "kernel-"
-
-
-def grace_from_env(default: float = DEFAULT_GRACE) -> float:
-    """`GRACE_ENV` as seconds >= 0, else `default`."""
-    try:
-        value = float(os.environ.get(GRACE_ENV, ""))
-    except ValueError:
-        return default
-    return value if value >= 0 else default
 
 
 def stored_kernel_ids(state_file: Path) -> set[str] | None:

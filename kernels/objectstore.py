@@ -66,6 +66,21 @@ from kernelfleet.errors import FleetError, InvalidRequest
 
 log = logging.getLogger("kernelfleet.statesync.objectstore")
 
+DEFAULT_GRACE = 60.0
+"""Seconds an object no live value points to is kept before it is deleted (by both collectors:
+`kernels.replica.statesync_gc` and `gateway.objects_gc`)."""
+GRACE_ENV = "KERNELFLEET_OBJECTS_GRACE"
+
+
+def grace_from_env(default: float = DEFAULT_GRACE) -> float:
+    """`GRACE_ENV` as seconds >= 0, else `default`."""
+    try:
+        value = float(os.environ.get(GRACE_ENV, ""))
+    except ValueError:
+        return default
+    return value if value >= 0 else default
+
+
 ENTRY_POINT_GROUP = "kernelfleet.object_stores"
 HASH_NAME = "sha256"
 CHUNK_BYTES = 8 * 1024 * 1024  # hashing/writing granularity: bounded, cache-friendly

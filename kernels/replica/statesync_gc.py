@@ -18,9 +18,10 @@ When: an object is deleted once all of these hold:
 - every member of the group had, in its log, the commit index of the moment it was first found
   unreferenced: the newer delta reached every replica (which applies it on its next tick).
 
-`grace` comes from ``KERNELFLEET_OBJECTS_GRACE`` (seconds, default `DEFAULT_GRACE`), which the
-host agent passes on to its replicas. The objects of a kernel that is shut down are the
-gateway's to remove, all at once (``kernelfleet.gateway.objects_gc``).
+`grace` comes from ``KERNELFLEET_OBJECTS_GRACE`` (seconds, default
+`kernels.objectstore.DEFAULT_GRACE`), which the host agent passes on to its replicas. The
+objects of a kernel that is shut down are the gateway's to remove, all at once
+(``kernelfleet.gateway.objects_gc``).
 
 Threads: `ObjectCollector.run` is a task on the replica's main loop (where the log's methods
 belong); listing and deleting files run in a worker thread, as the store's contract says.
@@ -30,27 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kernelfleet.kernels.objectstore import LocalDirectoryStore, ObjectStore
+from kernelfleet.kernels.objectstore import (
+    LocalDirectoryStore,
+    ObjectStore,
+    grace_from_env,
+)
 from kernelfleet.raft import KernelLog
 
 log = logging.getLogger("kernelfleet.statesync.gc")
-
-DEFAULT_GRACE = 60.0
-GRACE_ENV = "KERNELFLEET_OBJECTS_GRACE"
-
-
-def grace_from_env(default: float = DEFAULT_GRACE) -> float:
-    """`GRACE_ENV` as seconds >= 0, else `default`."""
-    try:
-        value = float(os.environ.get(GRACE_ENV, ""))
-    except ValueError:
-        return default
-    return value if value >= 0 else default
 
 
 @dataclass
