@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -49,6 +50,7 @@ from kernelfleet.gateway.framing import (
     kernel_message_from_dict,
     parse_kernel_frames,
 )
+from kernelfleet.gateway.replica_watch import HeartbeatWatch
 from kernelfleet.gateway.wait_notice import WaitNotice
 from kernelfleet.protocol import (
     METADATA_KEY,
@@ -104,6 +106,7 @@ class ReplicaFeed:
         info: ConnectionInfo,
         context: zmq.asyncio.Context,
         on_message: Callable[[str, KernelMessage], None],
+        on_silent: Callable[[str, float], None] | None = None,
     ) -> None:
         self.kernel_id = kernel_id
         self.replica_id = replica_id
@@ -114,15 +117,23 @@ class ReplicaFeed:
         self._socket: zmq.asyncio.Socket | None = None
         self._pump: asyncio.Task[None] | None = None
         self._first = asyncio.Event()
+        self._watch = (
+            HeartbeatWatch(context, info, functools.partial(on_silent, replica_id))
+            if on_silent is not None
+            else None
+        )
 
     async def start(self, timeout: float = 10.0) -> None:
-        """Subscribe to IOPub and nudge the replica until the subscription demonstrably works."""
+        """Subscribe to IOPub and nudge the replica until the subscription demonstrably works;
+        then watch its heartbeat (`HeartbeatWatch`), if asked to."""
         self._socket = self._context.socket(zmq.SUB)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SUBSCRIBE, b"")
         self._socket.connect(self.info.url("iopub"))
         self._pump = asyncio.create_task(self._run(), name=f"iopub-{self.replica_id}")
         await self.nudge(timeout)
+        if self._watch is not None:
+            self._watch.start()
 
     async def nudge(self, timeout: float = 10.0) -> None:
         """Send ``kernel_info_request`` until something arrives on IOPub.
@@ -150,6 +161,8 @@ class ReplicaFeed:
             nudge.close()
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
         if self._pump is not None:
             self._pump.cancel()
         if self._socket is not None:
@@ -194,6 +207,9 @@ class KernelLink:
         self.cells = CellQueue(kernel_id, assign, self._dispatch_cell, watcher)
         self.comms = CommTable(kernel_id)
         self.lifecycle: KernelLifecycle | None = None
+        self.on_silent: Callable[[str, float], None] | None = None
+        """Told ``(replica_id, seconds)`` when a linked replica's heartbeat went silent (set
+        by the linker): a frozen replica, to be fenced."""
         self.ask_outcome: AskOutcome | None = None
         """Asks a live replica whether a cell its lost executor ran completed (set by the
         linker); without it such a cell fails as lost."""
@@ -204,7 +220,9 @@ class KernelLink:
 
     async def add_replica(self, replica_id: str, info: ConnectionInfo, timeout: float) -> None:
         """Subscribe to a live replica and open every client's sockets to it."""
-        feed = ReplicaFeed(self.kernel_id, replica_id, info, self._context, self._from_replica)
+        feed = ReplicaFeed(
+            self.kernel_id, replica_id, info, self._context, self._from_replica, self._silent
+        )
         try:
             await feed.start(timeout)
         except BaseException:
@@ -215,6 +233,10 @@ class KernelLink:
             self.primary = replica_id
         for client in self._clients:
             client.open_replica(replica_id, info)
+
+    def _silent(self, replica_id: str, seconds: float) -> None:
+        if self.on_silent is not None and replica_id in self.feeds:
+            self.on_silent(replica_id, seconds)
 
     def remove_replica(self, replica_id: str, why: str) -> None:
         """Stop using a lost (or moved) replica: requests it was answering get an error reply
@@ -470,7 +492,9 @@ class ClientLink:
         executor = assignment.replica_id
         self._clear_notice(cell)  # before the replica's first output
         self._pending[message.msg_id] = (message.parts[0], executor)
-        lead = _with_role(message.parts, Role.LEAD, executor, cell.attempt, assignment.devices)
+        lead = _with_role(
+            message.parts, Role.LEAD, executor, cell.attempt, assignment.devices, cell.excluded
+        )
         await self._send_to(executor, "shell", lead, message.buffers)
         yielding = _with_role(message.parts, Role.YIELD, executor, cell.attempt, ())
         for replica_id in yielders:
@@ -624,10 +648,15 @@ class ClientLink:
 
 
 def _with_role(
-    parts: list[bytes], role: Role, executor: str, attempt: int, devices: tuple[str, ...]
+    parts: list[bytes],
+    role: Role,
+    executor: str,
+    attempt: int,
+    devices: tuple[str, ...],
+    superseded: set[str] | frozenset[str] = frozenset(),
 ) -> list[bytes]:
-    """`parts` with the cell's role, attempt (how many times it was sent again) and, for the
-    executor, its GPU devices in the metadata."""
+    """`parts` with the cell's role, attempt (how many times it was sent again), the replicas
+    earlier attempts went to and, for the executor, its GPU devices in the metadata."""
     metadata = json.loads(parts[2])
     if not isinstance(metadata, dict):
         metadata = {}
@@ -636,6 +665,7 @@ def _with_role(
     options[CellKey.EXECUTOR.value] = executor
     options[CellKey.ATTEMPT.value] = attempt
     options[CellKey.DEVICES.value] = list(devices)
+    options[CellKey.SUPERSEDED.value] = sorted(superseded)
     metadata[METADATA_KEY] = options
     return [parts[0], parts[1], json.dumps(metadata).encode(), parts[3]]
 

@@ -111,7 +111,7 @@ class KernelService:
         self._fleet = FleetView(hosts, self.ledger, self._chooser, usage or UsageWindow(1))
         self._admission = Admission(policy, self._fleet, launch_timeout)
         self._linker = KernelLinker(
-            self._context, self._chooser, self.metrics, launch_timeout, self.events
+            self._context, self._chooser, self.metrics, launch_timeout, self.events, self._fence
         )
         self._launcher = ReplicaLauncher(
             hosts, self.ledger, self._chooser, self._linker, self._context,
@@ -386,6 +386,26 @@ class KernelService:
         if kernels:
             log.info("%d kernel(s) of the previous gateway listed; re-linking them", len(kernels))
         return len(kernels)
+
+    def _fence(self, kernel: KernelRecord, replica_id: str, seconds: float) -> None:
+        """A linked replica answered no heartbeat for `seconds` (frozen, or its host wedged):
+        it is lost to its kernel now (dead, failed over, replaced) and stopped on its host,
+        so that it cannot come back and act on an old state."""
+        replica = next((r for r in kernel.replicas if r.id == replica_id), None)
+        if replica is None or replica.state is not ReplicaState.READY:
+            return  # gone, or restarting: its silence means nothing yet
+        if not self._kernels.is_current(kernel) or kernel.lifecycle.locked():
+            return  # shut down, or a restart or move is under way: told again if still silent
+        replica.move_to(ReplicaState.DEAD)
+        why = f"it answered no heartbeat for {seconds:.0f} s (frozen or wedged): it is stopped"
+        self._groups.replica_died(kernel, replica, why)
+        self._background.run(self._stop_fenced(kernel, replica))
+
+    async def _stop_fenced(self, kernel: KernelRecord, replica: ReplicaRecord) -> None:
+        try:
+            await self._hosts.get(replica.host_id).client.stop_replica(replica.id)
+        except FleetError as e:
+            log.error("kernel %s: could not stop replica %s: %s", kernel.id, replica.id, e)
 
     async def recover(self, grace: float) -> None:
         """Re-link every kernel `restore` listed, all at once.

@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -55,7 +56,10 @@ class KernelLinker:
         metrics: FleetMetrics,
         launch_timeout: float,
         events: EventBus | None = None,
+        fence: Callable[[KernelRecord, str, float], None] | None = None,
     ) -> None:
+        self._fence = fence
+        """Told ``(kernel, replica_id, seconds)`` when a replica's heartbeat went silent."""
         self._context = context
         self._assigner = assigner
         self._metrics = metrics
@@ -80,6 +84,8 @@ class KernelLinker:
             KernelCells(kernel, self._metrics, self._events),
         )
         link.ask_outcome = functools.partial(ask_outcome, self._context)
+        if self._fence is not None:
+            link.on_silent = functools.partial(self._fence, kernel)
         kernel.link = link
         # The last executor first: it is the primary, which answers everything but cells.
         live.sort(key=lambda replica: replica.id != kernel.executor)

@@ -227,6 +227,11 @@ class CellKey(enum.StrEnum):
     """Gateway -> replica: how many times the cell was sent again (its replica was lost, or
     isolated, before it began); 0 at first. The YIELD's aborted reply echoes it."""
 
+    SUPERSEDED = "superseded"
+    """Gateway -> replica: the replicas earlier attempts of the cell were sent to, which did not
+    begin it as far as the gateway knows (lost, or cut off). A LEAD of theirs for the cell does
+    not stop this attempt; any other replica's earlier LEAD does (it is the cell's executor)."""
+
     DEVICES = "devices"
     """Gateway -> replica: the GPU ids bound to the cell on the replica's host (empty for a
     YIELD, and for a cell without GPUs)."""

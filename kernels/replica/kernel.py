@@ -150,6 +150,7 @@ class ReplicatedKernel(IPythonKernel):
         self.forgotten: set[str] = set()  # lost replicas: whatever they owed never comes
         self.cell_leads: OrderedDict[tuple[str, int], str] = OrderedDict()
         self.cells_completed: OrderedDict[str, int] = OrderedDict()  # cell -> execution count
+        self.first_leads: OrderedDict[str, str] = OrderedDict()  # cell -> first LEAD's replica
         """(cell, attempt) -> the replica whose LEAD committed first: the cell's executor."""
         self.settled = asyncio.Event()
         self.settled.set()
@@ -384,7 +385,12 @@ class ReplicatedKernel(IPythonKernel):
             self._refuse(stream, ident, parent, f"this replica cannot reach its group ({e})")
             return
         winner = self.cell_leads.get((cell_id, attempt), self.replica_id)
-        if winner != self.replica_id:
+        superseded = set(options.get(CellKey.SUPERSEDED) or ())
+        first = self.first_leads.get(cell_id, self.replica_id)
+        if first != self.replica_id and first not in superseded:
+            winner = first  # an earlier attempt's executor, which the gateway did not give up
+        if winner != self.replica_id or cell_id in self.cells_completed:
+            winner = winner if winner != self.replica_id else "an earlier attempt"
             self.log.warning("cell %s already ran on replica %s; not again", cell_id, winner)
             self._reply_aborted(stream, ident, parent, {CellKey.DUPLICATE_OF.value: winner})
             return
@@ -504,6 +510,9 @@ class ReplicatedKernel(IPythonKernel):
             return
         if isinstance(entry, Proposal) and entry.role is Role.LEAD:
             self.cell_leads.setdefault((entry.cell_id, entry.attempt), entry.replica_id)
+            self.first_leads.setdefault(entry.cell_id, entry.replica_id)
+            while len(self.first_leads) > CELLS_REMEMBERED:
+                self.first_leads.popitem(last=False)
             while len(self.cell_leads) > CELLS_REMEMBERED:
                 self.cell_leads.popitem(last=False)
             if entry.replica_id in self.forgotten:
