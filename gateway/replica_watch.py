@@ -48,13 +48,18 @@ class HeartbeatWatch:
         self._interval = interval
         self._timeout = timeout
         self._task: asyncio.Task[None] | None = None
+        self._current: zmq.asyncio.Socket | None = None
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
 
     def stop(self) -> None:
+        """Stop pinging; the socket closes at once (a ZMQ context cannot terminate while one
+        of its sockets is open, and the gateway terminates its context right after)."""
         if self._task is not None:
             self._task.cancel()
+        if self._current is not None:
+            self._current.close(linger=0)
 
     async def _run(self) -> None:
         last_echo: float | None = None
@@ -78,7 +83,7 @@ class HeartbeatWatch:
                 socket.close(linger=0)
 
     def _socket(self) -> zmq.asyncio.Socket:
-        socket = self._context.socket(zmq.REQ)
+        socket = self._current = self._context.socket(zmq.REQ)
         socket.setsockopt(zmq.LINGER, 0)
         socket.connect(self._url)
         return socket
