@@ -39,6 +39,7 @@ WIRE: dict[type[enum.StrEnum], dict[str, str]] = {
         "FORGET": "kernelfleet_forget_request",
         "STATUS": "kernelfleet_status_request",
         "RELEASE": "kernelfleet_release_request",
+        "OUTCOME": "kernelfleet_outcome_request",
     },
     Reply: {
         "JOIN": "kernelfleet_join_reply",
@@ -46,6 +47,7 @@ WIRE: dict[type[enum.StrEnum], dict[str, str]] = {
         "FORGET": "kernelfleet_forget_reply",
         "STATUS": "kernelfleet_status_reply",
         "RELEASE": "kernelfleet_release_reply",
+        "OUTCOME": "kernelfleet_outcome_reply",
     },
     Role: {"LEAD": "lead", "YIELD": "yield"},
     ErrorName: {
@@ -61,6 +63,7 @@ WIRE: dict[type[enum.StrEnum], dict[str, str]] = {
         "ROLE": "role",
         "EXECUTOR": "executor",
         "ATTEMPT": "attempt",
+        "SUPERSEDED": "superseded",
         "DEVICES": "devices",
         "DUPLICATE_OF": "duplicate_of",
     },
@@ -122,6 +125,7 @@ def test_each_request_has_its_reply_and_its_channel() -> None:
         Request.FORGET: Channel.CONTROL,
         Request.STATUS: Channel.CONTROL,
         Request.RELEASE: Channel.CONTROL,
+        Request.OUTCOME: Channel.CONTROL,
     }
 
 
