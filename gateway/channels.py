@@ -214,6 +214,9 @@ class KernelLink:
         """Asks a live replica whether a cell its lost executor ran completed (set by the
         linker); without it such a cell fails as lost."""
         self._settling: set[asyncio.Task[None]] = set()
+        self._idle_owed: dict[str, tuple[str, bytes]] = {}
+        """Cell id -> (its executor, its raw header) until the executor's ``idle`` for it
+        came: a replica lost between a cell's reply and its idle leaves its clients waiting."""
         """Set by whoever owns the kernel; without it a ``shutdown_request`` reaches the
         primary replica alone."""
         self._stopping: asyncio.Task[None] | None = None
@@ -257,6 +260,13 @@ class KernelLink:
         for client in list(self._clients):
             client.fail_pending(why, replica_id, keep=keep)
             client.close_replica(replica_id)
+        for cell_id, (on, raw_header) in list(self._idle_owed.items()):
+            if on == replica_id:
+                del self._idle_owed[cell_id]
+                if cell_id not in keep | unanswered:  # answered: only its idle never came
+                    parent = json.loads(raw_header)
+                    for client in list(self._clients):
+                        client.publish_status("idle", parent)
         for cell_id in settle:
             attempt = attempts.get(cell_id, 0)
             task = asyncio.ensure_future(self._settle_lost_cell(cell_id, attempt, replica_id, why))
@@ -375,6 +385,7 @@ class KernelLink:
         for feed in self.feeds.values():
             feed.close()
         self.feeds.clear()
+        self._idle_owed.clear()
 
     def _from_replica(self, replica_id: str, message: KernelMessage) -> None:
         parent = message.parent_msg_id()
@@ -385,6 +396,8 @@ class KernelLink:
             self.cells.mark_running(parent, replica_id)
         elif message.msg_type == "status" and parent and b'"idle"' in message.raw_content:
             self.cells.finish_idle(parent, replica_id)
+            if self._idle_owed.get(parent, ("",))[0] == replica_id:
+                del self._idle_owed[parent]
         if message.msg_type in COMM_TYPES:
             self.comms.kernel_sent(message.msg_type, message.raw_content, replica_id)
         self._on_iopub(replica_id, message)
@@ -392,6 +405,7 @@ class KernelLink:
 
     async def _dispatch_cell(self, cell: Cell, assignment: Assignment) -> None:
         self.route(cell.id, assignment.replica_id)
+        self._idle_owed[cell.id] = (assignment.replica_id, cell.message.parts[0])
         await cell.client.send_cell(
             cell, assignment, [r for r in self.feeds if r != assignment.replica_id]
         )
@@ -576,9 +590,10 @@ class ClientLink:
         self._publish("execute_reply", reply, parent, channel="shell")
         self._publish("status", {"execution_state": "idle"}, parent)
 
-    def publish_status(self, execution_state: str) -> None:
-        """Send this client a status message of the gateway's own, with no parent."""
-        self._publish("status", {"execution_state": execution_state}, {})
+    def publish_status(self, execution_state: str, parent: dict | None = None) -> None:
+        """Send this client a status message of the gateway's own (for request `parent`, or
+        none)."""
+        self._publish("status", {"execution_state": execution_state}, parent or {})
 
     def close(self) -> None:
         self._closed = True

@@ -81,11 +81,12 @@ class Request(enum.StrEnum):
 
     OUTCOME = "kernelfleet_outcome_request"
     """Gateway -> a live replica, on control: did the cell whose executor was lost complete
-    (`OutcomeContent`)? The replica first commits an entry of its own (a YIELD of that cell),
-    so that every entry the lost executor got committed is committed and applied here too;
-    then it answers ``{"status": "ok", "completed": bool, "execution_count": int | None}``:
-    completed means the cell's state delta is in the log, its effects in every replica.
-    ``"error"`` when it could not commit in time (no majority): the outcome is unknown."""
+    (`OutcomeContent`)? The replica first commits an entry of its own (a SETTLE of that cell),
+    so that every entry the lost executor got committed is committed and applied here too, and
+    a delta of that cell committed after it never takes effect; then it answers
+    ``{"status": "ok", "completed": bool, "execution_count": int | None}``: completed means
+    the cell's state delta is in the log, its effects in every replica. ``"error"`` when it
+    could not commit in time (no majority): the outcome is unknown."""
 
     @property
     def reply(self) -> Reply:
@@ -168,10 +169,13 @@ class Role(enum.StrEnum):
     The gateway sends every cell to every replica of its kernel: with LEAD to the one it chose,
     with YIELD to the others (`CellKey.ROLE`). Each replica then appends its role to the Raft
     log as a `Proposal`; the first committed LEAD of a cell names the replica that ran it.
+    A SETTLE (never sent with a cell) closes a cell whose executor was lost (`Request.OUTCOME`):
+    whether it completed is what the log holds before it.
     """
 
     LEAD = "lead"
     YIELD = "yield"
+    SETTLE = "settle"
 
 
 class ErrorName(enum.StrEnum):
@@ -372,6 +376,11 @@ class ReplicaEnv(enum.StrEnum):
     """The kernel-scoped token the gateway issued this kernel (`KERNEL_TOKEN_PREFIX`): it reads
     this kernel and the fleet summary, and acts on this kernel only. The fleet token is never
     in a replica's environment."""
+
+    LOG_LEVEL = "KERNELFLEET_REPLICA_LOG_LEVEL"
+    """The level of the replica's own log (its ``kernel.log``): ``DEBUG`` follows every cell
+    through the log (who led it, whose delta was applied); ``WARNING`` when unset. Set in the
+    host agent's environment, it reaches every replica the agent starts."""
 
 
 KERNEL_TOKEN_PREFIX = "kfk1"

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kernelfleet.raft.entries import KNOWN_KINDS, StateDelta, Wire
+from kernelfleet.raft.entries import KNOWN_KINDS, DeltaOrder, Proposal, Role, StateDelta, Wire
 
 Indexed = tuple[int, Wire]
 GROUP_SEPARATOR = ","  # as `kernels.replica.statesync_delta` joins the names of one frame
@@ -61,13 +61,38 @@ def _touched(fields: dict[str, Any]) -> set[str]:
     return names
 
 
-def _last_touchers(entries: Sequence[Indexed]) -> set[int]:
-    """Positions of the StateDeltas that are the last to touch at least one name."""
+def _copies(entries: Sequence[Indexed]) -> set[int]:
+    """Positions of the StateDeltas that never take effect (`DeltaOrder`: second copies of a
+    retried append, deltas given up on)."""
+    order = DeltaOrder(remembered=len(entries))
+    found = set()
+    for position, (index, wire) in enumerate(entries):
+        if not _is_known(wire) or not isinstance(wire[2], dict):
+            continue
+        fields = wire[2]
+        cell = str(fields.get("cell_id"))
+        if _is_delta(wire):
+            count = fields.get("execution_count")
+            replica = str(fields.get("replica_id"))
+            if not order.admit(cell, replica, count if isinstance(count, int) else 0):
+                found.add(position)
+        elif wire[0] == Proposal.KIND and fields.get("role") == Role.LEAD.value:
+            attempt = fields.get("attempt")
+            attempt = attempt if isinstance(attempt, int) else 0
+            order.lead(index, cell, attempt, str(fields.get("replica_id")))
+        elif wire[0] == Proposal.KIND and fields.get("role") == Role.SETTLE.value:
+            order.settle(cell)
+    return found
+
+
+def _last_touchers(entries: Sequence[Indexed], copies: set[int]) -> set[int]:
+    """Positions of the StateDeltas that are the last to touch at least one name (`copies`,
+    which never take effect, left out)."""
     seen: set[str] = set()
     found = set()
     for position in range(len(entries) - 1, -1, -1):
         wire = entries[position][1]
-        if _is_delta(wire):
+        if _is_delta(wire) and position not in copies:
             names = _touched(wire[2])
             if not names <= seen:
                 found.add(position)
@@ -78,31 +103,37 @@ def _last_touchers(entries: Sequence[Indexed]) -> set[int]:
 def prune(entries: Sequence[Indexed], keep_recent: int) -> list[Indexed]:
     """The entries a replica still needs, in order (see the module docstring).
 
-    Keeps: every StateDelta that is the last to touch some name, and the newest one; every
-    entry among the `keep_recent` newest; every entry of a kind this code cannot read. Drops
-    superseded deltas and older proposals."""
+    Keeps: every StateDelta that is the last to touch some name, and the newest one that
+    takes effect; every entry among the `keep_recent` newest; every entry of a kind this code
+    cannot read. Drops superseded deltas, second copies of a delta (`DeltaOrder`: a replica that
+    replays the pruned list must skip what the others skipped) and older proposals."""
     if not entries:
         return []
-    needed = _last_touchers(entries)
-    deltas = [position for position, (_, wire) in enumerate(entries) if _is_delta(wire)]
+    copies = _copies(entries)
+    needed = _last_touchers(entries, copies)
+    deltas = [p for p, (_, wire) in enumerate(entries) if _is_delta(wire) and p not in copies]
     if deltas:
         needed.add(deltas[-1])
     recent_from = entries[-1][0] - keep_recent + 1
     return [
         (index, wire)
         for position, (index, wire) in enumerate(entries)
-        if position in needed or index >= recent_from or not _is_known(wire)
+        if position in needed
+        or (index >= recent_from and position not in copies)
+        or not _is_known(wire)
     ]
 
 
 def live_keys(entries: Sequence[Indexed]) -> set[str]:
     """The object-store keys the namespace the entries build still points to: those of the
-    labels holding at least one name that no later delta touches."""
+    labels holding at least one name that no later delta touches (second copies of a delta,
+    which never take effect, left out)."""
     keys: set[str] = set()
     seen: set[str] = set()
+    copies = _copies(entries)
     for position in range(len(entries) - 1, -1, -1):
         wire = entries[position][1]
-        if not _is_delta(wire):
+        if not _is_delta(wire) or position in copies:
             continue
         fields = wire[2]
         for label, key in _labels(fields):

@@ -80,10 +80,13 @@ class LogConfig:
     """The leader asks the group to drop superseded entries once the replicated list holds
     this many, and twice as many as the last prune kept (so pruning costs O(1) per entry)."""
     keep_recent_entries: int = field(
-        default_factory=_from_env("KERNELFLEET_RAFT_KEEP_RECENT_ENTRIES", 1000)
+        default_factory=_from_env("KERNELFLEET_RAFT_KEEP_RECENT_ENTRIES", 5000)
     )
     """A prune keeps every entry among this many newest ones: recent proposals let a replica
-    refuse a cell another one already ran (a resent cell arrives within seconds)."""
+    refuse a cell another one already ran (a resent cell arrives within seconds), and a
+    replica that joins from the pruned list decides about a late delta as the others do
+    (`DeltaOrder`; such a delta commits within the replica's publish deadline, 10 s: about
+    1,000 entries for a kernel running 25 tiny cells a second)."""
     use_fork: bool = True
     """Write dumps in a forked child so the tick thread never stalls on a large dump."""
     commands_wait_leader: bool = False

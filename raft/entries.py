@@ -267,6 +267,95 @@ def encode(entry: Entry, max_bytes: int = MAX_ENTRY_BYTES) -> Wire:
     return wire
 
 
+class DeltaOrder:
+    """Which committed `StateDelta` entries take effect, decided from the log alone (so every
+    replica, and a replica replaying a pruned log, decides alike). Feed it every committed
+    LEAD (`lead`) and delta (`admit`) in log order.
+
+    A replica whose LEAD for a cell committed owes that cell's delta. Its delta takes effect
+    only while it is still owed:
+    - a second copy (a retried append whose first attempt committed after all, possibly after
+      later cells' deltas) is not owed any more: applied again, it would roll every name it
+      sets back to its cell's value, and ok cells' effects would vanish without a word;
+    - once a replica that led a later cell publishes, whatever other replicas owed from before
+      its LEAD is given up: it ran its cell without that state (`OWED_DELTA_WAIT` in the
+      replica), so that delta must not land on top of its cell's effects later;
+    - once the replica leads another cell, its older delta is owed no more: when its publish
+      failed, its next delta carries those changes;
+    - once a later attempt of the cell is led (the gateway sent it again, giving up on the
+      earlier executor), or the cell is settled (`Role.SETTLE`: the gateway told the client
+      how it ended), what earlier executors owed for it is given up; a LEAD of an earlier
+      attempt that commits after that owes nothing.
+    A delta whose LEAD this order never saw (pruned from a compacted log) takes effect unless
+    its execution count is below one admitted before it (counts only grow along a log); the
+    compaction keeps the newest entries (`LogConfig.keep_recent_entries`) so that a late delta
+    always finds its LEAD. Remembers the last `remembered` cells.
+    """
+
+    def __init__(self, remembered: int = 10_000) -> None:
+        self.completed: dict[str, int] = {}
+        """Cell id -> the execution count of its delta that took effect, oldest first."""
+        self.leads: dict[tuple[str, int], str] = {}
+        """(cell id, attempt) -> the replica whose LEAD committed first, oldest first."""
+        self.first_leads: dict[str, str] = {}
+        """Cell id -> the replica whose LEAD of any attempt committed first, oldest first."""
+        self.owed: dict[str, tuple[str, int]] = {}
+        """Replica -> (the cell whose delta it owes, the index of that LEAD)."""
+        self.attempts: dict[str, int] = {}
+        """Cell id -> the latest attempt led (the newest cell last)."""
+        self.highest = 0
+        self._remembered = remembered
+
+    def lead(self, index: int, cell_id: str, attempt: int, replica_id: str) -> bool:
+        """Record a committed LEAD at log `index`; False for a copy or a rival of one seen
+        (the replica will not run the cell: it owes nothing)."""
+        key = (cell_id, attempt)
+        if key in self.leads:
+            return False
+        self._remember(self.leads, key, replica_id)
+        if cell_id not in self.first_leads:
+            self._remember(self.first_leads, cell_id, replica_id)
+        if attempt < self.attempts.get(cell_id, -1) or cell_id in self.completed:
+            return False  # superseded already, or led again after it ran: refused
+        self._remember(self.attempts, cell_id, attempt)
+        self.settle(cell_id)
+        self.owed[replica_id] = (cell_id, index)
+        return True
+
+    def settle(self, cell_id: str) -> None:
+        """Give up whatever is owed for `cell_id` (a later attempt's LEAD, or a SETTLE)."""
+        for replica_id, (cell, _) in list(self.owed.items()):
+            if cell == cell_id:
+                del self.owed[replica_id]
+
+    def admit(self, cell_id: str, replica_id: str, execution_count: int) -> bool:
+        """Whether this committed delta takes effect; records it if it does."""
+        if cell_id in self.completed:
+            return False
+        owed = self.owed.get(replica_id)
+        if owed is None:  # its LEAD is unknown (pruned), or it was paid or given up on
+            if cell_id in self.first_leads or execution_count < self.highest:
+                return False
+        elif owed[0] != cell_id:
+            return False  # the replica led another cell since
+        else:
+            del self.owed[replica_id]
+            for other, (_, index) in list(self.owed.items()):
+                if index < owed[1]:
+                    del self.owed[other]  # given up on when this replica ran its cell
+        self._remember(self.completed, cell_id, execution_count)
+        self.highest = max(self.highest, execution_count)
+        return True
+
+    def owes(self, replica_id: str) -> bool:
+        return replica_id in self.owed
+
+    def _remember(self, table: dict[Any, Any], key: Any, value: Any) -> None:
+        table[key] = value
+        while len(table) > self._remembered:
+            del table[next(iter(table))]
+
+
 def first_per_key(entries: Iterable[Entry]) -> list[Entry]:
     """The entries in order, keeping only the first of each `key` (drops retried duplicates)."""
     seen: set[tuple[str, ...]] = set()

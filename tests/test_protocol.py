@@ -49,7 +49,7 @@ WIRE: dict[type[enum.StrEnum], dict[str, str]] = {
         "RELEASE": "kernelfleet_release_reply",
         "OUTCOME": "kernelfleet_outcome_reply",
     },
-    Role: {"LEAD": "lead", "YIELD": "yield"},
+    Role: {"LEAD": "lead", "YIELD": "yield", "SETTLE": "settle"},
     ErrorName: {
         "REPLICA_ISOLATED": "ReplicaIsolated",
         "REPLICA_LOST": "ReplicaLost",
@@ -75,6 +75,7 @@ WIRE: dict[type[enum.StrEnum], dict[str, str]] = {
         "GPUS": "KERNELFLEET_GPUS",
         "GATEWAY_URL": "KERNELFLEET_GATEWAY_URL",
         "KERNEL_TOKEN": "KERNELFLEET_KERNEL_TOKEN",
+        "LOG_LEVEL": "KERNELFLEET_REPLICA_LOG_LEVEL",
     },
 }
 

@@ -136,6 +136,7 @@ class ChaosFleet:
         ip = topology.gateway_ip if topology is not None else "127.0.0.1"
         fleet = Fleet(state_dir=root / "fleet", token=TOKEN, env={}, ip=ip)
         fleet.state_dir.mkdir(parents=True, exist_ok=True)
+        fleet.host_args = ("--HostAgentApp.replica_logs_kept_days=1",)  # what `--keep` keeps
         chaos = cls(fleet, hosts, gpus, topology)
         try:
             fleet.gateway_args = (

@@ -5,6 +5,7 @@ comes from its host agent, then jupyter_client (a cell) or the gateway's own sta
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Collection
 from typing import Any, cast
@@ -17,6 +18,8 @@ from kernelfleet.gateway.replication import send_request
 from kernelfleet.kernels.agent.client import HostAgentClient
 from kernelfleet.protocol import ConnectionInfo, Request
 from kernelfleet.testing.fleet import Fleet
+
+log = logging.getLogger(__name__)
 
 DIGEST = (
     "print(__import__('kernelfleet.kernels.replica.statesync', fromlist=['namespace_digest'])"
@@ -40,20 +43,23 @@ async def replica_connection(fleet: Fleet, replica: dict[str, Any]) -> dict[str,
 async def execute_on(
     fleet: Fleet, replica: dict[str, Any], code: str, timeout: float = 30
 ) -> tuple[dict[str, Any], str]:
-    """Run `code` on one replica, bypassing the gateway: (the reply's content, its output)."""
+    """Run `code` on one replica, bypassing the gateway: (the reply's content, its stdout;
+    its stderr is logged)."""
     client = AsyncKernelClient()
     connection = await replica_connection(fleet, replica)
     client.load_connection_info(cast(KernelConnectionInfo, connection))
     client.start_channels()
     try:
-        output: list[str] = []
+        output: dict[str, list[str]] = {"stdout": [], "stderr": []}
 
         def hook(msg: dict[str, Any]) -> None:
             if msg["header"]["msg_type"] == "stream":
-                output.append(msg["content"]["text"])
+                output.setdefault(msg["content"]["name"], []).append(msg["content"]["text"])
 
         reply = await client.execute_interactive(code, timeout=timeout, output_hook=hook)
-        return reply["content"], "".join(output)
+        if output["stderr"]:
+            log.warning("replica %s wrote on stderr: %s", replica["id"], "".join(output["stderr"]))
+        return reply["content"], "".join(output["stdout"])
     finally:
         client.stop_channels()
 

@@ -11,15 +11,16 @@ a replacement replica joins after it was added, with the members as its peers. A
   cell and is a barrier: the append returns only once every earlier entry, every earlier
   cell's delta included, has been applied here. A replica that cannot reach a majority of its
   group refuses the cell instead of running it on stale state;
-- after each cell it ran, the replica publishes the cell's namespace delta as a `StateDelta`,
-  off the critical path: after its ``execute_reply`` and ``idle`` went out;
-- a replica whose LEAD is in the log owes a `StateDelta` until its next one commits. Before a
-  cell runs, the replica waits until no replica owes one (its own publish included), so cell
-  N+1 never runs without cell N's state; if the owing replica died before publishing, it waits
-  `OWED_DELTA_WAIT` seconds, then goes on from the last committed state and says so.
-  `Request.FORGET` (control) says which replicas are lost, so nobody waits for what they owed;
-- it applies every other replica's `StateDelta` in log order and takes its execution count, so
-  whichever replica runs the next cell holds the state of every committed cell.
+- after each cell it ran, the replica commits the cell's namespace delta as a `StateDelta`
+  before its ``execute_reply`` goes out: an ``ok`` reply means the effects are in the log;
+- a replica whose LEAD is in the log owes a `StateDelta` until it commits. Before a cell runs,
+  the replica waits until no replica owes one, so cell N+1 never runs without cell N's state;
+  if the owing replica died before publishing, it waits `OWED_DELTA_WAIT` seconds, then goes
+  on from the last committed state and says so. `Request.FORGET` (control) says which
+  replicas are lost, so nobody waits for what they owed;
+- it applies every other replica's `StateDelta` that takes effect (`DeltaOrder`: not a second
+  copy, not one given up on) in log order and takes its execution count, so whichever replica
+  runs the next cell holds the state of every committed cell.
 
 Run as ``python -m kernelfleet.kernels.replica.kernel -f CONNECTION_FILE``. Before anything
 else it drops from its environment what no notebook and none of its subprocesses may hold
@@ -29,6 +30,7 @@ else it drops from its environment what no notebook and none of its subprocesses
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -36,7 +38,6 @@ import os
 import socket
 import sys
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,13 +68,15 @@ from kernelfleet.protocol import (
     options_of,
 )
 from kernelfleet.raft import KernelLog, NotCommitted, Proposal, StateDelta
+from kernelfleet.raft.entries import DeltaOrder
 
-PUBLISH_DEADLINE = 30.0  # seconds to get a cell's delta committed (leader changes included)
+PUBLISH_DEADLINE = 10.0  # seconds to get a cell's delta committed (leader changes included)
 LEAD_DEADLINE = 5.0  # seconds to commit the LEAD proposal before refusing the cell
 MEMBERSHIP_DEADLINE = 10.0  # seconds to get a membership change through pysyncobj's refusals
 OWED_DELTA_WAIT = 15.0  # seconds to wait for another replica's owed delta before going on
 CELLS_REMEMBERED = 10_000  # cells whose executor is remembered, to refuse a duplicate
 OUTCOME_DEADLINE = 10.0  # seconds to commit the barrier of an outcome request
+RAN_ELSEWHERE_WAIT = 10.0  # seconds a resent cell waits for the delta of the replica that ran it
 MAGICS_EXTENSION = "kernelfleet.kernels.magics"  # %fleet, %gpus and the tools' magics
 UNSUPPORTED_FEATURES = ("kernel subshells", "debugger")
 """ipykernel features a replica does not advertise in ``supported_features``
@@ -145,16 +148,20 @@ class ReplicatedKernel(IPythonKernel):
         self.replica_id = os.environ.get(ReplicaEnv.REPLICA_ID, "")
         self.replica_dir = Path(os.environ.get(ReplicaEnv.REPLICA_DIR, "."))
         self.group: _Group | None = None
-        self.publishing: asyncio.Future[None] | None = None
-        self.owing: set[str] = set()  # replicas whose LEAD awaits their StateDelta
+        self.unpublished: str | None = None
+        """The cell running now, whose delta `do_execute` publishes before its reply."""
+        self.order = DeltaOrder(CELLS_REMEMBERED)
+        """Who led which cell, which deltas took effect, who owes one (from the log)."""
         self.forgotten: set[str] = set()  # lost replicas: whatever they owed never comes
-        self.cell_leads: OrderedDict[tuple[str, int], str] = OrderedDict()
-        self.cells_completed: OrderedDict[str, int] = OrderedDict()  # cell -> execution count
-        self.first_leads: OrderedDict[str, str] = OrderedDict()  # cell -> first LEAD's replica
-        """(cell, attempt) -> the replica whose LEAD committed first: the cell's executor."""
         self.settled = asyncio.Event()
+        """Set while no other replica owes a delta (`owing`)."""
+        self.delta_admitted = asyncio.Event()
+        """Set, and replaced by a fresh one, whenever a delta takes effect."""
         self.settled.set()
         self.raft_port_hold = hold_port(os.environ.get(ReplicaEnv.RAFT_ADDRESS, ""))
+        for log_handler in self.log.handlers:  # the kernel app's own log, as kernelfleet's
+            if isinstance(log_handler, logging.StreamHandler) and log_handler.stream is not None:
+                log_handler.setStream(log_file())
         self._load_magics()
 
     def _load_magics(self) -> None:
@@ -262,15 +269,15 @@ class ReplicatedKernel(IPythonKernel):
             barrier = Proposal(
                 cell_id=cell_id,
                 replica_id=self.replica_id,
-                role=Role.YIELD,
+                role=Role.SETTLE,
                 attempt=int(content.get("attempt", 0)),
             )
             commit = group.raft.append_with_retry(barrier, time.monotonic() + OUTCOME_DEADLINE)
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(commit, group.loop))
-            count = self.cells_completed.get(cell_id)
+            count = self._count_of(cell_id)
             reply: dict[str, Any] = {
                 "status": "ok",
-                "completed": count is not None,
+                "completed": cell_id in self.order.completed,
                 "execution_count": count,
             }
         except Exception as e:
@@ -295,16 +302,25 @@ class ReplicatedKernel(IPythonKernel):
                 "members": list(raft.members),
                 "applied": raft.applied_count,
             }
-            content["executors"] = [[c, a, r] for (c, a), r in self.cell_leads.items()]
+            content["executors"] = [[c, a, r] for (c, a), r in self.order.leads.items()]
         content["execution_count"] = self.user_shell.execution_count
         assert self.session is not None
         self.session.send(stream, Reply.STATUS, content, parent, ident)
 
+    @property
+    def owing(self) -> set[str]:
+        """The replicas whose LEAD awaits their StateDelta (lost ones left out)."""
+        return set(self.order.owed) - self.forgotten
+
+    def _update_settled(self) -> None:
+        if self.owing - {self.replica_id}:
+            self.settled.clear()
+        else:
+            self.settled.set()
+
     def _forget(self, lost: set[str]) -> None:
         self.forgotten |= lost
-        self.owing -= lost
-        if not self.owing - {self.replica_id}:
-            self.settled.set()
+        self._update_settled()
 
     @staticmethod
     async def _change_members(group: _Group, remove: list[str], add: list[str]) -> tuple[str, ...]:
@@ -368,36 +384,56 @@ class ReplicatedKernel(IPythonKernel):
             yielded = {CellKey.ROLE.value: Role.YIELD, CellKey.ATTEMPT.value: attempt}
             self._reply_aborted(stream, ident, parent, yielded)
             return
-        if (cell_id, attempt) in self.cell_leads:
-            ran_on = self.cell_leads[(cell_id, attempt)]
-            self.log.warning("cell %s already ran on replica %s; not again", cell_id, ran_on)
-            self._reply_aborted(stream, ident, parent, {CellKey.DUPLICATE_OF.value: ran_on})
+        if (cell_id, attempt) in self.order.leads:
+            ran_on = self.order.leads[(cell_id, attempt)]
+            await self._answer_ran_elsewhere(stream, ident, parent, ran_on)
             return
-        if self.publishing is not None:
-            await self.publishing  # this replica's previous delta goes first
         lead = Proposal(
             cell_id=cell_id, replica_id=self.replica_id, role=Role.LEAD, attempt=attempt
         )
         try:
-            await group.raft.append_with_retry(lead, time.monotonic() + LEAD_DEADLINE)
+            index = await group.raft.append_with_retry(lead, time.monotonic() + LEAD_DEADLINE)
         except Exception as e:
             self.log.error("replica %s cannot lead cell %s: %s", self.replica_id, cell_id, e)
             self._refuse(stream, ident, parent, f"this replica cannot reach its group ({e})")
             return
-        winner = self.cell_leads.get((cell_id, attempt), self.replica_id)
+        winner = self.order.leads.get((cell_id, attempt), self.replica_id)
         superseded = set(options.get(CellKey.SUPERSEDED) or ())
-        first = self.first_leads.get(cell_id, self.replica_id)
+        first = self.order.first_leads.get(cell_id, self.replica_id)
         if first != self.replica_id and first not in superseded:
             winner = first  # an earlier attempt's executor, which the gateway did not give up
-        if winner != self.replica_id or cell_id in self.cells_completed:
-            winner = winner if winner != self.replica_id else "an earlier attempt"
-            self.log.warning("cell %s already ran on replica %s; not again", cell_id, winner)
-            self._reply_aborted(stream, ident, parent, {CellKey.DUPLICATE_OF.value: winner})
+        later = self.order.attempts.get(cell_id, attempt) > attempt  # sent again since
+        if later:
+            winner = self.order.leads.get((cell_id, self.order.attempts[cell_id]), winner)
+        if winner != self.replica_id or cell_id in self.order.completed:
+            await self._answer_ran_elsewhere(stream, ident, parent, winner)
             return
+        self.log.debug("cell %s (attempt %d): led at entry %d", cell_id, attempt, index)
         await self._wait_for_owed_deltas()
         self._bind_gpus(tuple(options.get(CellKey.DEVICES) or ()))
-        await super().execute_request(stream, ident, parent)
-        self.publishing = asyncio.ensure_future(self._publish(group, cell_id))
+        self.unpublished = cell_id
+        try:
+            await super().execute_request(stream, ident, parent)
+        finally:
+            self.unpublished = None
+
+    async def do_execute(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """IPython's, then, for a cell this replica leads, its delta committed before the
+        reply goes out: an ``ok`` reply means the cell's effects are in the log, so no loss
+        of this replica can take them back. A delta that cannot commit within
+        `PUBLISH_DEADLINE` turns the reply into a `ErrorName.REPLICA_ISOLATED` refusal: the
+        gateway sends the cell again elsewhere, and that LEAD gives this delta up."""
+        reply: dict[str, Any] = await super().do_execute(*args, **kwargs)
+        cell_id, group = self.unpublished, self.group
+        if cell_id is None or group is None:
+            return reply
+        problem = await self._publish(group, cell_id)
+        if problem is not None:
+            why = (
+                f"this replica ran the cell but cannot reach its group to keep its state: {problem}"
+            )
+            reply = self._isolated(why)
+        return reply
 
     async def _wait_for_owed_deltas(self) -> None:
         others = self.owing - {self.replica_id}
@@ -453,25 +489,85 @@ class ReplicatedKernel(IPythonKernel):
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     def _reply_aborted(self, stream: Any, ident: Any, parent: dict, why: dict[str, Any]) -> None:
-        """Answer a cell this replica does not run, saying `why` under `METADATA_KEY`: a
-        yield (the gateway drops the reply) or a duplicate of a cell that ran already."""
+        """Answer a cell this replica yields, saying so under `METADATA_KEY` (the gateway
+        drops the reply)."""
         content = {"status": "aborted", "execution_count": None, METADATA_KEY: why}
         assert self.session is not None
         self.session.send(stream, "execute_reply", content, parent, ident)
 
+    async def _answer_ran_elsewhere(
+        self, stream: Any, ident: Any, parent: dict, ran_on: str
+    ) -> None:
+        """Answer a cell sent again that an earlier attempt (on `ran_on`, maybe this very
+        replica) ran, as it really ended: once its delta took effect, ``ok`` with a note that
+        its output is lost; if no delta comes within `RAN_ELSEWHERE_WAIT`, an error saying
+        that whether it completed is unknown. Never run twice, never answered ``aborted``
+        (which says the cell did not run)."""
+        cell_id = parent["header"]["msg_id"]
+        deadline = time.monotonic() + RAN_ELSEWHERE_WAIT
+        while cell_id not in self.order.completed and time.monotonic() < deadline:
+            arrived = self.delta_admitted
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(arrived.wait(), deadline - time.monotonic())
+        count = self._count_of(cell_id)
+        where = "this replica" if ran_on == self.replica_id else f"replica {ran_on}"
+        self.log.warning("cell %s already ran on %s; not again", cell_id, where)
+        assert self.session is not None
+        if cell_id in self.order.completed:
+            note = (
+                f"kernelfleet: this cell already ran, on {where}, before it was sent again: "
+                "its effects are kept in every replica, its output is lost\n"
+            )
+            self.session.send(
+                self.iopub_socket, "stream", {"name": "stderr", "text": note}, parent,
+                ident=self._topic("stream"),
+            )  # fmt: skip
+            content: dict[str, Any] = {
+                "status": "ok",
+                "execution_count": count,
+                "user_expressions": {},
+                METADATA_KEY: {CellKey.DUPLICATE_OF.value: ran_on},
+            }
+        else:
+            why = (
+                f"this cell was sent again after {where} started it, and its outcome never "
+                f"reached the log within {RAN_ELSEWHERE_WAIT:.0f} s: whether it completed "
+                "(and its effects are kept) is unknown"
+            )
+            content = {
+                "status": "error",
+                "ename": ErrorName.REPLICA_LOST,
+                "evalue": why,
+                "traceback": [f"{ErrorName.REPLICA_LOST}: {why}"],
+                "execution_count": self.user_shell.execution_count,
+                METADATA_KEY: {CellKey.DUPLICATE_OF.value: ran_on},
+            }
+        self.session.send(stream, "execute_reply", content, parent, ident)
+
+    def _count_of(self, cell_id: str) -> int | None:
+        """The execution count a completed cell's reply had (its delta holds the shell's
+        count after it), or None."""
+        after = self.order.completed.get(cell_id)
+        return None if after is None else max(after - 1, 0)
+
     def _refuse(self, stream: Any, ident: Any, parent: dict, why: str) -> None:
-        content = {
+        assert self.session is not None
+        self.session.send(stream, "execute_reply", self._isolated(why), parent, ident)
+
+    def _isolated(self, why: str) -> dict[str, Any]:
+        """The reply content of a cell refused for want of a majority: the gateway never
+        relays it, it sends the cell to another replica."""
+        return {
             "status": "error",
             "ename": ErrorName.REPLICA_ISOLATED,
             "evalue": why,
             "traceback": [f"{ErrorName.REPLICA_ISOLATED}: {why}"],
             "execution_count": self.user_shell.execution_count,
         }
-        assert self.session is not None
-        self.session.send(stream, "execute_reply", content, parent, ident)
 
-    async def _publish(self, group: _Group, cell_id: str) -> None:
-        """Commit what the cell changed. On failure the next cell's delta includes it."""
+    async def _publish(self, group: _Group, cell_id: str) -> str | None:
+        """Commit what the cell changed; None, or why it could not (then the next cell's
+        delta includes it)."""
         delta = group.tracker.diff()
         encoded = encode(delta, group.store)
         entry = StateDelta(
@@ -486,15 +582,17 @@ class ReplicatedKernel(IPythonKernel):
             digests=encoded.digests,
         )
         try:
-            await group.raft.append_with_retry(entry, time.monotonic() + PUBLISH_DEADLINE)
-        except Exception:
-            self.log.exception(
-                "replica %s: cell %s's state is unpublished", self.replica_id, cell_id
+            index = await group.raft.append_with_retry(entry, time.monotonic() + PUBLISH_DEADLINE)
+        except Exception as e:
+            self.log.error(
+                "replica %s: cell %s's state is unpublished: %s", self.replica_id, cell_id, e
             )
-            return
+            return f"{type(e).__name__}: {e}"
+        self.log.debug("cell %s: its delta committed at entry %d", cell_id, index)
         group.tracker.commit(delta, encoded)
         for line in group.tracker.notices(encoded.problems):  # those early_notices missed
             print(line, file=sys.stderr)
+        return None
 
     def _notice_unsynced(self, result: Any = None) -> None:
         """At the end of a cell (IPython's post_run_cell, before the reply): tell, in its
@@ -504,32 +602,37 @@ class ReplicatedKernel(IPythonKernel):
                 print(line, file=sys.stderr)
 
     def _on_commit(self, index: int, entry: Any) -> None:
-        """Track who owes a delta; apply another replica's (on the main loop, in log order)."""
+        """Track who owes a delta; apply another replica's that takes effect (`DeltaOrder`:
+        not a second copy, not one given up on), on the main loop, in log order."""
         group = self.group
         if group is None:
             return
-        if isinstance(entry, Proposal) and entry.role is Role.LEAD:
-            self.cell_leads.setdefault((entry.cell_id, entry.attempt), entry.replica_id)
-            self.first_leads.setdefault(entry.cell_id, entry.replica_id)
-            while len(self.first_leads) > CELLS_REMEMBERED:
-                self.first_leads.popitem(last=False)
-            while len(self.cell_leads) > CELLS_REMEMBERED:
-                self.cell_leads.popitem(last=False)
-            if entry.replica_id in self.forgotten:
-                return
-            self.owing.add(entry.replica_id)
-            self.settled.clear()
+        order = self.order
+        if isinstance(entry, Proposal) and entry.role is not Role.YIELD:
+            if entry.role is Role.LEAD:
+                order.lead(index, entry.cell_id, entry.attempt, entry.replica_id)
+            else:
+                order.settle(entry.cell_id)
+            self._update_settled()
             return
         if not isinstance(entry, StateDelta):
             return
-        self.cells_completed[entry.cell_id] = entry.execution_count
-        while len(self.cells_completed) > CELLS_REMEMBERED:
-            self.cells_completed.popitem(last=False)
-        self.owing.discard(entry.replica_id)
-        if not self.owing - {self.replica_id}:
-            self.settled.set()
+        admitted = order.admit(entry.cell_id, entry.replica_id, entry.execution_count)
+        self._update_settled()
+        if admitted:
+            self.delta_admitted.set()
+            self.delta_admitted = asyncio.Event()
+        if not admitted:
+            self.log.warning(
+                "replica %s: entry %d, the delta of cell %s by %s, takes no effect: a second "
+                "copy of it, or given up on", self.replica_id, index, entry.cell_id,
+                entry.replica_id,
+            )  # fmt: skip
+            return
         if entry.replica_id == self.replica_id:
             return
+        self.log.debug("entry %d: applying the delta of cell %s by %s", index, entry.cell_id,
+                       entry.replica_id)  # fmt: skip
         encoded = EncodedDelta(
             changed=dict(entry.changed),
             pointers=dict(entry.pointers),
@@ -555,24 +658,36 @@ def drop_secrets(environ: dict[str, str] | os._Environ[str] = os.environ) -> lis
     return found
 
 
-def log_to_process_stderr() -> None:
-    """Send kernelfleet's log records to the process's own stderr (the replica's log file).
-    Without a handler, Python writes warnings to ``sys.stderr``, which in a kernel is the
-    running cell's output: users would read operators' lines there."""
-    handler = logging.StreamHandler(sys.__stderr__)
+@functools.cache
+def log_file() -> Any:
+    """The process's stderr as it was at start (the replica's log file), through a descriptor
+    of its own: ipykernel captures descriptor 2 itself into the running cell's output, where
+    users would read operators' lines."""
+    return os.fdopen(os.dup(2), "w", buffering=1)
+
+
+def log_to_process_stderr(level: str = "") -> None:
+    """Send kernelfleet's log records to the replica's log file (`log_file`), at `level` (a
+    `logging` level name; WARNING when empty)."""
+    handler = logging.StreamHandler(log_file())
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("kernelfleet")
     logger.addHandler(handler)
     logger.propagate = False
+    logger.setLevel(level or logging.WARNING)
 
 
 def main() -> None:
-    log_to_process_stderr()
+    level = os.environ.get(ReplicaEnv.LOG_LEVEL, "").strip().upper()
+    if level not in logging.getLevelNamesMapping():
+        level = ""  # an unknown level must not stop a kernel
+    log_to_process_stderr(level)
     dropped = drop_secrets()
     if dropped:
         print(f"kernelfleet: removed {', '.join(dropped)} from the kernel's environment",
               file=sys.stderr)  # fmt: skip
-    IPKernelApp.launch_instance(kernel_class=ReplicatedKernel)
+    options: dict[str, Any] = {"log_level": level} if level else {}
+    IPKernelApp.launch_instance(kernel_class=ReplicatedKernel, **options)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,20 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+DIE_BEFORE_IDLE = """
+import os, signal
+_kernel = get_ipython().kernel
+_status = _kernel._publish_status
+def _die_at_idle(status, *args, **kwargs):
+    if status == "idle":  # the reply went out; the idle status never will
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _status(status, *args, **kwargs)
+_kernel._publish_status = _die_at_idle
+x = 4
+"""
+"""Fault double: the executor answers the cell, then dies before its ``idle`` status."""
+
+
 def stderr(result) -> str:
     return "".join(
         m["content"]["text"] for m in result.of_type("stream") if m["content"]["name"] == "stderr"
@@ -65,5 +79,20 @@ async def test_a_cell_that_completed_before_its_executor_was_lost_is_answered_ok
         assert result.reply["status"] == "error", result.reply
         assert "the cell's effects are not kept" in result.reply["evalue"], fleet.log()[-6000:]
         assert (await client.execute("print(x)", timeout=60)).stdout == "2\n"
+    finally:
+        client.close()
+
+
+async def test_a_cell_whose_executor_dies_between_reply_and_idle_ends_idle(fleet_factory):
+    """The client got the reply; the gateway sends the idle status the lost executor never
+    did, so a client waiting for idle (as JupyterLab's busy indicator and nbclient do) goes
+    on at once instead of hanging (a chaos soak saw a client wait 30 s for it)."""
+    fleet = fleet_factory(hosts=3, gpus=0, replicas=3)
+    kernel_id = fleet.start_kernel()
+    client = await fleet.connect(kernel_id)
+    try:
+        result = await client.execute(DIE_BEFORE_IDLE, timeout=20)
+        assert result.reply["status"] == "ok", result.reply
+        assert (await client.execute("print(x)", timeout=60)).stdout == "4\n"
     finally:
         client.close()

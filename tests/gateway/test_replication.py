@@ -256,15 +256,21 @@ async def test_concurrent_cells_on_several_kernels_each_run_once_on_one_agreed_r
         }
         assert set(executors.values()) <= replicas
 
-    # A duplicated request (same msg_id) is refused by the log, not run twice.
+    # A duplicated request (same msg_id) is refused by the log, not run twice; it is answered
+    # as the cell ended (ok, its effects kept), with a note that this is not a second run.
     client, kernel_id = clients[0], kernel_ids[0]
     code = "hits = globals().get('hits', 0) + 1; print(hits)"
     once = client.send("execute_request", {"code": code})
-    assert (await client.collect(once)).stdout == "1\n"
+    first = await client.collect(once)
+    assert first.stdout == "1\n"
     again = client.send("execute_request", {"code": code}, msg_id=once)
     duplicate = await client.collect(again)
-    assert duplicate.reply["status"] == "aborted"
+    assert duplicate.reply["status"] == "ok"
+    assert duplicate.reply["execution_count"] == first.reply["execution_count"]
     assert duplicate.stdout == ""
+    notes = "".join(m["content"]["text"] for m in duplicate.of_type("stream"))
+    assert notes.startswith("kernelfleet: this cell already ran, on this replica"), notes
+    assert "not again" not in notes, "the replica's log line (kernel.log) reached the cell"
     assert (await client.execute("print(hits)")).stdout == "1\n"
     for client, kernel_id in zip(clients, kernel_ids, strict=True):
         client.close()

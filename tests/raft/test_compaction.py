@@ -66,7 +66,7 @@ def test_deletions_imports_and_drops_supersede_like_values():
 
 def test_only_recent_proposals_stay_and_unknown_kinds_are_kept():
     entries = [
-        (0, Proposal("c0", "r0", Role.LEAD).to_wire()),
+        (0, Proposal("c0", "r9", Role.LEAD).to_wire()),
         (1, ("from-the-future", 1, {})),
         (2, delta(2, changed={"x": b"2"}).to_wire()),
         (3, Proposal("c3", "r0", Role.LEAD).to_wire()),
