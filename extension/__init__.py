@@ -8,7 +8,9 @@ gateway websocket relay: JupyterLab's ``v1.kernel.websocket.jupyter.org`` framin
 end (stock gateway mode refuses it, so each connection fails once and reconnects), binary frames
 (messages with buffers) are passed on as binary instead of being decoded as text, Nagle's
 algorithm is switched off on both legs of the relay, and a lost gateway is told to the client
-(its cells in flight fail, and the kernel shows dead once reconnecting fails).
+(its cells in flight fail, and the kernel shows dead once reconnecting fails). A kernel the
+fleet refuses shows the gateway's reason in JupyterLab, not jupyter_server's unfilled template
+(`kernelfleet.extension.gateway_errors`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ def _link_jupyter_server_extension(serverapp: Any) -> None:
     """
     if not GatewayClient.instance(parent=serverapp).gateway_enabled:
         return
+    managers = serverapp.config.GatewayMappingKernelManager
+    if "kernel_manager_class" not in managers:
+        managers.kernel_manager_class = "kernelfleet.extension.gateway_errors." + (
+            "ReadableErrorsKernelManager"
+        )
     if "kernel_websocket_connection_class" in serverapp.config.get("ServerApp", {}):
         serverapp.log.info("kernelfleet: keeping the configured kernel websocket connection class")
         return

@@ -51,7 +51,15 @@ from pysyncobj.syncobj import SyncObjException
 
 from kernelfleet.raft import compaction
 from kernelfleet.raft.config import LogConfig
-from kernelfleet.raft.entries import Entry, UnknownEntry, Wire, decode_or_unknown, encode
+from kernelfleet.raft.entries import (
+    Entry,
+    Proposal,
+    Role,
+    UnknownEntry,
+    Wire,
+    decode_or_unknown,
+    encode,
+)
 from kernelfleet.raft.errors import BindFailed, FailReason, LogClosed, NotCommitted, NotReady
 
 logger = logging.getLogger("kernelfleet.raft.log")
@@ -455,7 +463,7 @@ class KernelLog(SyncObj):
         """
         check_address(address)
         async with self._membership_lock:
-            if address in self.members:
+            if address in self.members and await self._membership_holds(address, True, timeout):
                 return
             await self._call(
                 lambda callback: self.addNodeToCluster(address, callback=callback),
@@ -471,13 +479,27 @@ class KernelLog(SyncObj):
         if address == self._address:
             raise ValueError("a raft node cannot remove itself; ask another member")
         async with self._membership_lock:
-            if address not in self.members:
+            if address not in self.members and await self._membership_holds(
+                address, False, timeout
+            ):
                 return
             await self._call(
                 lambda callback: self.removeNodeFromCluster(address, callback=callback),
                 timeout,
                 f"remove member {address}",
             )
+
+    async def _membership_holds(self, address: str, member: bool, timeout: float) -> bool:
+        """Whether `address` is (`member`) or is not a member once what this node's log holds
+        is committed. pysyncobj applies a membership change as soon as it is in the log: an
+        earlier attempt of the same change, not yet committed, is undone if a leader without
+        it takes over, and a retry that took it for done would leave the group without it (a
+        replacement started with peers that never counted it: no majority once one more
+        replica went). Committing an entry of its own commits everything before it."""
+        barrier = Proposal(cell_id=f"membership {address}", replica_id=self._address,
+                           role=Role.YIELD)  # fmt: skip
+        await self.append(barrier, timeout=timeout)
+        return (address in self.members) is member
 
     async def close(self, timeout: float = 5.0) -> None:
         """Stop the node: calls in flight fail with `LogClosed`, the tick thread ends, the port

@@ -48,18 +48,22 @@ async def test_a_kernel_asked_for_before_any_host_starts_once_hosts_register(pri
     assert len(fleet.api("GET", f"/api/fleet/kernels/{kernel['id']}")["replicas"]) == 3
 
 
-async def test_a_kernel_no_host_can_ever_meet_is_a_4xx_through_jupyter_server(jp_fetch, caplog):
+async def test_a_kernel_no_host_can_ever_meet_is_a_4xx_through_jupyter_server(jp_fetch):
     """Through jupyter_server, as JupyterLab starts it: 8 GPUs on a fleet of 2-GPU hosts.
 
-    jupyter_server (2.x) relays the gateway's status and puts the gateway's message in its
-    error's text, which it logs; the JSON it answers holds that text's unformatted template."""
+    jupyter_server (2.x) relays the gateway's status; its JSON answer, whose ``message``
+    JupyterLab's "Error Starting Kernel" dialog shows, would hold ``Error from Gateway: [%s]
+    %s`` (an unfilled template) without kernelfleet's extension: with it, the gateway's words."""
     with pytest.raises(HTTPClientError) as refused:
         await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": "python3-8gpu"}))
     assert refused.value.code == 400, "not a 503, which jupyter_server retries"
-    relayed = next(r.getMessage() for r in caplog.records if "Error from Gateway" in r.getMessage())
-    assert "can never start on this fleet" in relayed
-    assert "needs 8 GPU(s) on one host; the largest has 2" in relayed
-    assert "never-fits" in relayed
+    assert refused.value.response is not None
+    shown = json.loads(refused.value.response.body)["message"]
+    assert "can never start on this fleet" in shown, shown
+    assert "needs 8 GPU(s) on one host; the largest has 2" in shown
+    assert shown.endswith("[never-fits]"), shown
+    assert "%s" not in shown
+    assert "Error from Gateway" not in shown
 
 
 # ---- the admission rules, over fleet snapshots ---------------------------------------------
