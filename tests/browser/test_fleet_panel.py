@@ -384,3 +384,35 @@ def test_panel_says_the_gateway_is_unreachable_and_recovers_by_itself(
         expect(hosts).to_contain_text("host-1")
 
     browse(lab, steps)
+
+
+def test_panel_says_the_kernel_is_degraded_and_why(
+    private_fleet: Callable[..., Fleet], start_lab: Callable[..., Lab]
+) -> None:
+    """A host goes with one of the kernel's 3 replicas, and no other host can take a new one:
+    the panel says the kernel runs degraded, on how many replicas, and why; a cell still runs."""
+    fleet = private_fleet(hosts=3, gpus=0, replicas=3)
+    lab = start_lab(fleet)
+
+    def steps(user: Browser) -> None:
+        expect = user.expect
+        notebook = user.new_notebook()
+        user.status.click()
+        replicas = user.panel.locator(".jp-KernelfleetPanel-replicas tbody tr")
+        expect(replicas).to_have_count(3, timeout=30_000)
+        kernel_id = kernel_of(lab)
+        executor = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["executor"]
+        lost = next(
+            r for r in fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+            if r["id"] != executor
+        )  # fmt: skip
+        fleet.hosts[lost["host"]].kill()  # its agent, at once: the gateway hears its link close
+        degraded = user.panel.locator(".jp-KernelfleetPanel-degraded")
+        expect(degraded).to_contain_text("degraded: 2 of 3 replicas", timeout=30_000)
+        expect(degraded).to_contain_text(lost["host"])
+        expect(degraded).to_contain_text("a replacement waits")
+        user.run(notebook, "print('still running')")
+        expect(notebook.locator(".jp-OutputArea-output").last).to_contain_text("still running")
+        user.shot("degraded")
+
+    browse(lab, steps)
