@@ -104,8 +104,10 @@ def prune(entries: Sequence[Indexed], keep_recent: int) -> list[Indexed]:
     """The entries a replica still needs, in order (see the module docstring).
 
     Keeps: every StateDelta that is the last to touch some name, and the newest one that
-    takes effect; every entry among the `keep_recent` newest; every entry of a kind this code
-    cannot read. Drops superseded deltas, second copies of a delta (`DeltaOrder`: a replica that
+    takes effect; every entry among the `keep_recent` newest, but a superseded delta there only
+    as its stub (`_stub`: which cell completed, by whom, at which count; not its values, which
+    would make every catch-up carry thousands of them); every entry of a kind this code cannot
+    read. Drops older superseded deltas, second copies of a delta (`DeltaOrder`: a replica that
     replays the pruned list must skip what the others skipped) and older proposals."""
     if not entries:
         return []
@@ -115,13 +117,34 @@ def prune(entries: Sequence[Indexed], keep_recent: int) -> list[Indexed]:
     if deltas:
         needed.add(deltas[-1])
     recent_from = entries[-1][0] - keep_recent + 1
-    return [
-        (index, wire)
-        for position, (index, wire) in enumerate(entries)
-        if position in needed
-        or (index >= recent_from and position not in copies)
-        or not _is_known(wire)
-    ]
+    kept: list[Indexed] = []
+    for position, (index, wire) in enumerate(entries):
+        if position in needed or not _is_known(wire):
+            kept.append((index, wire))
+        elif index >= recent_from and position not in copies:
+            kept.append((index, _stub(wire) if _is_delta(wire) else wire))
+    return kept
+
+
+def _stub(wire: Wire) -> Wire:
+    """A superseded delta without its values: applying it changes no name (every one it set
+    was set again later), and `DeltaOrder` still learns that its cell completed."""
+    fields = wire[2]
+    return (
+        wire[0],
+        wire[1],
+        {
+            "cell_id": fields.get("cell_id"),
+            "replica_id": fields.get("replica_id"),
+            "changed": {},
+            "pointers": {},
+            "deleted": [],
+            "execution_count": fields.get("execution_count", 0),
+            "imports": {},
+            "problems": {},
+            "digests": {},
+        },
+    )
 
 
 def live_keys(entries: Sequence[Indexed]) -> set[str]:

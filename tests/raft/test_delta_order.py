@@ -118,3 +118,17 @@ def test_a_pruned_log_drops_a_late_copy_so_a_late_joiner_builds_the_same_namespa
     kept = prune(entries, keep_recent=1)
     assert [wire[2]["cell_id"] for _, wire in kept if wire[0] == StateDelta.KIND] == ["c2"]
     assert live_keys(entries) == {KEY(2)}  # the copy's object is not what the namespace holds
+
+
+def test_a_superseded_delta_among_the_newest_stays_as_a_stub_without_its_values():
+    """So a replica joining from the pruned list learns which cells completed (and refuses a
+    late copy as the others do) without receiving thousands of superseded values."""
+    c1 = StateDelta("c1", "r0", changed={"x": b"1" * 1000}, execution_count=1)
+    c2 = StateDelta("c2", "r0", changed={"x": b"2"}, execution_count=2)
+    entries = list(enumerate([lead("c1"), c1.to_wire(), lead("c2"), c2.to_wire()]))
+    kept = prune(entries, keep_recent=10)
+    assert [index for index, _ in kept] == [0, 1, 2, 3]
+    stub = StateDelta.from_wire(kept[1][1])
+    assert (stub.cell_id, stub.replica_id, stub.execution_count) == ("c1", "r0", 1)
+    assert stub.changed == {}
+    assert kept[3][1] == c2.to_wire()
