@@ -29,9 +29,7 @@ def readable(error: web.HTTPError) -> web.HTTPError:
     refused = 400 <= error.status_code < 500 and len(error.args) == 2
     text = f"{error.args[0]} [{error.args[1]}]" if refused else error.get_message() or ""
     # (jupyter_server answers ``log_message``, in which tornado doubles a '%': a rare sight)
-    mended = web.HTTPError(error.status_code, text, reason=error.reason)
-    mended.__cause__ = error.__cause__
-    return mended
+    return web.HTTPError(error.status_code, text, reason=error.reason)
 
 
 def _mended(call: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:

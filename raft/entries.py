@@ -347,9 +347,6 @@ class DeltaOrder:
         self.highest = max(self.highest, execution_count)
         return True
 
-    def owes(self, replica_id: str) -> bool:
-        return replica_id in self.owed
-
     def _remember(self, table: dict[Any, Any], key: Any, value: Any) -> None:
         table[key] = value
         while len(table) > self._remembered:

@@ -11,8 +11,11 @@ replica does not run on beside the new one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -42,6 +45,23 @@ def replaced_off(fleet, kernel_id: str, host: str) -> list[dict] | None:
     return model["replicas"] if model["degraded"] is None and host not in hosts else None
 
 
+@contextlib.asynccontextmanager
+async def counting_kernel(fleet) -> AsyncIterator[tuple[Any, str, dict]]:
+    """A kernel that ran one `COUNT` cell: (its client, its id, its executor's model); closed
+    and deleted on the way out."""
+    kernel_id = fleet.start_kernel()
+    client = await fleet.connect(kernel_id)
+    try:
+        assert (await client.execute("runs = []")).reply["status"] == "ok"
+        assert (await client.execute(COUNT)).stdout == "1\n"
+        model = kernel(fleet, kernel_id)
+        (executor,) = [r for r in model["replicas"] if r["id"] == model["executor"]]
+        yield client, kernel_id, executor
+    finally:
+        client.close()
+        fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
 def signal_whole_host(fleet, host_id: str, signum: int) -> None:
     """`signum` to the host's agent and everything under it (its replicas run in sessions of
     their own), without waiting for them."""
@@ -55,13 +75,7 @@ async def test_a_silent_host_is_lost_within_seconds_and_when_it_answers_again_it
     fleet_factory,
 ):
     fleet = fleet_factory(hosts=4, gpus=1, replicas=3)
-    kernel_id = fleet.start_kernel()
-    client = await fleet.connect(kernel_id)
-    try:
-        assert (await client.execute("runs = []")).reply["status"] == "ok"
-        assert (await client.execute(COUNT)).stdout == "1\n"
-        model = kernel(fleet, kernel_id)
-        (executor,) = [r for r in model["replicas"] if r["id"] == model["executor"]]
+    async with counting_kernel(fleet) as (client, kernel_id, executor):
         host = executor["host"]
 
         signal_whole_host(fleet, host, signal.SIGSTOP)
@@ -81,20 +95,11 @@ async def test_a_silent_host_is_lost_within_seconds_and_when_it_answers_again_it
         assert f"still runs replica {executor['id']}, given up for dead: stopping it" in fleet.log()
         assert replaced_off(fleet, kernel_id, host), "the kernel did not move back"
         assert (await client.execute(COUNT, timeout=60)).stdout == "3\n", "nothing ran twice"
-    finally:
-        client.close()
-        fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 
 async def test_a_restarted_agents_old_replicas_are_gone_and_nothing_runs_twice(fleet_factory):
     fleet = fleet_factory(hosts=4, gpus=1, replicas=3)
-    kernel_id = fleet.start_kernel()
-    client = await fleet.connect(kernel_id)
-    try:
-        assert (await client.execute("runs = []")).reply["status"] == "ok"
-        assert (await client.execute(COUNT)).stdout == "1\n"
-        model = kernel(fleet, kernel_id)
-        (executor,) = [r for r in model["replicas"] if r["id"] == model["executor"]]
+    async with counting_kernel(fleet) as (client, kernel_id, executor):
         host = executor["host"]
 
         os.killpg(fleet.hosts[host].pid, signal.SIGKILL)  # the agent alone
@@ -107,9 +112,6 @@ async def test_a_restarted_agents_old_replicas_are_gone_and_nothing_runs_twice(f
         agent = fleet.api("GET", f"/api/fleet/hosts/{host}")
         assert agent["state"] == "alive"
         assert (await client.execute(COUNT, timeout=60)).stdout == "3\n", "nothing ran twice"
-    finally:
-        client.close()
-        fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 
 @pytest.fixture
@@ -130,13 +132,7 @@ def cables(topology: Topology, i: int, state: str) -> None:
 @pytest.mark.timeout(240)
 async def test_a_host_cut_off_is_lost_and_when_healed_its_stray_stops_on_a_full_fleet(cut_off):
     fleet, topology = cut_off
-    kernel_id = fleet.start_kernel()
-    client = await fleet.connect(kernel_id)
-    try:
-        assert (await client.execute("runs = []")).reply["status"] == "ok"
-        assert (await client.execute(COUNT)).stdout == "1\n"
-        model = kernel(fleet, kernel_id)
-        (executor,) = [r for r in model["replicas"] if r["id"] == model["executor"]]
+    async with counting_kernel(fleet) as (client, kernel_id, executor):
         host = executor["host"]
         i = int(host.split("-")[1])
 
@@ -164,6 +160,3 @@ async def test_a_host_cut_off_is_lost_and_when_healed_its_stray_stops_on_a_full_
         assert executor["id"] not in {r["id"] for r in replicas}
         assert sorted(r["host"] for r in replicas) == ["host-1", "host-2", "host-3"]
         assert (await client.execute(COUNT, timeout=60)).stdout == "3\n", "nothing ran twice"
-    finally:
-        client.close()
-        fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)

@@ -62,7 +62,7 @@ def test_a_delta_given_up_on_by_the_next_executor_never_lands_on_its_cell():
         ("delta", "c1", "r0", 1),  # r0's delta arrives after all
     )
     assert said == [None, None, True, False]
-    assert not order.owes("r0")
+    assert "r0" not in order.owed
 
 
 def test_a_delta_the_next_executor_waited_for_takes_effect():
