@@ -173,7 +173,7 @@ def cells_section(cells: Sequence[dict[str, Any]]) -> Section:
     """The last cells, newest last: where each ran, its GPUs, how long it waited and why."""
     rows = tuple(
         (
-            str(cell.get("id", ""))[:8],
+            str(cell.get("id", ""))[-8:],  # jupyter_client's ids share their session prefix
             str(cell.get("host") or "-"),
             str(cell.get("gpus", "-")),
             devices_text(cell.get("devices") or []),

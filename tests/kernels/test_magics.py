@@ -510,3 +510,16 @@ async def test_a_gpus_cell_gets_its_gpus_from_the_gateway(kernel):
     _, client = await kernel()
     cell = await client.execute("%%gpus 1\nprint('in the cell')")
     assert cell.stdout == "in the cell\nran on 1 GPU: 0\n"
+
+
+def test_cells_of_one_client_get_distinct_short_ids():
+    """jupyter_client names cells ``<session>_<pid>_<n>``: their first 8 characters are all
+    the same, so %fleet showed every cell under one id."""
+    from kernelfleet.kernels.magics.views import cells_section
+
+    ids = [
+        "9b922568-4c1e09e2f3a1b4c5d6e7f809_1608_236",
+        "9b922568-4c1e09e2f3a1b4c5d6e7f809_1608_237",
+    ]
+    rows = cells_section([{"id": cell_id} for cell_id in ids]).rows
+    assert [row[0] for row in rows] == ["1608_236", "1608_237"]
