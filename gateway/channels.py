@@ -207,6 +207,8 @@ class KernelLink:
         self.cells = CellQueue(kernel_id, assign, self._dispatch_cell, watcher)
         self.comms = CommTable(kernel_id)
         self.lifecycle: KernelLifecycle | None = None
+        """Set by whoever owns the kernel; without it a ``shutdown_request`` reaches the
+        primary replica alone."""
         self.on_silent: Callable[[str, float], None] | None = None
         """Told ``(replica_id, seconds)`` when a linked replica's heartbeat went silent (set
         by the linker): a frozen replica, to be fenced."""
@@ -217,8 +219,6 @@ class KernelLink:
         self._idle_owed: dict[str, tuple[str, bytes]] = {}
         """Cell id -> (its executor, its raw header) until the executor's ``idle`` for it
         came: a replica lost between a cell's reply and its idle leaves its clients waiting."""
-        """Set by whoever owns the kernel; without it a ``shutdown_request`` reaches the
-        primary replica alone."""
         self._stopping: asyncio.Task[None] | None = None
 
     async def add_replica(self, replica_id: str, info: ConnectionInfo, timeout: float) -> None:
