@@ -14,10 +14,12 @@ Gavel's baselines are: max-min fairness treats every type as equally fast (``T =
 fairness and minimise-makespan use each job's throughput on one reference type everywhere (Gavel
 hard-codes the V100; here it is the fastest type in the snapshot unless given).
 
-The LPs are solved with HiGHS's interior-point method, crossover off: these objectives (a max-min,
-a feasibility problem) have many optimal allocations, and like the interior-point solver Gavel
-used (ECOS) this returns a central one rather than an arbitrary vertex of the optimal set. Pass
-``highs_options`` to change that.
+The LPs are solved with HiGHS as cvxpy calls it (its defaults: dual simplex, so a vertex of the
+optimal set). Some of these objectives have many optimal allocations (agnostic max-min fairness
+leaves GPUs over once every job has its fair share; minimise-makespan's feasibility problems), and
+which one a solver returns changes the simulated figures by a few per cent: see
+docs/jobs-simulator.md. ``highs_options`` go to HiGHS as they are (``{"solver": "ipm",
+"run_crossover": "off"}`` gives a central optimal solution instead).
 """
 
 from __future__ import annotations
@@ -32,9 +34,6 @@ import numpy as np
 
 from kernelfleet.scheduler.jobs.model import Allocation, JobsSnapshot, JobView
 from kernelfleet.scheduler.jobs.policy import JobPolicy, SolverFailed
-
-CENTRAL_SOLUTION: Mapping[str, Any] = {"solver": "ipm", "run_crossover": "off"}
-"""HiGHS options: interior point, no crossover (a central optimal solution, as ECOS gives)."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +133,7 @@ class LinearProgramPolicy(JobPolicy):
     heterogeneity_aware: ClassVar[bool] = True
 
     def __init__(self, highs_options: Mapping[str, Any] | None = None) -> None:
-        self.highs_options = dict(CENTRAL_SOLUTION if highs_options is None else highs_options)
+        self.highs_options = dict(highs_options or {})
 
     def allocate(self, snapshot: JobsSnapshot) -> Allocation:
         matrix = Matrix.of(snapshot)
@@ -163,10 +162,8 @@ class MaxMinFairnessPerfPolicy(LinearProgramPolicy):
         throughputs = self.throughputs(matrix)
         weights = np.array([snapshot.job(job_id).priority_weight for job_id in matrix.job_ids])
         # Gavel's proportional share: every type split evenly among the jobs, each job's
-        # shares scaled down to sum to at most 1.
-        jobs = len(matrix.job_ids)
-        equal_share = matrix.capacity / max(matrix.capacity.sum(), jobs)
-        proportional = throughputs @ equal_share
+        # shares scaled to sum to 1; only its ratio between jobs matters here.
+        proportional = throughputs @ (matrix.capacity / matrix.capacity.sum())
         coefficients = throughputs * (matrix.scale / (weights * proportional))[:, None]
         x = cp.Variable(throughputs.shape)
         objective = cp.Maximize(cp.min(cp.sum(cp.multiply(coefficients, x), axis=1)))
@@ -364,6 +361,8 @@ class FifoPerfPolicy(JobPolicy):
 
     name = "fifo_perf"
     heterogeneity_aware: ClassVar[bool] = True
+    fills_idle_gpus: ClassVar[bool] = False
+    """A FIFO job runs only on the type it holds (`RoundScheduler`'s ``fill_idle``)."""
 
     def allocate(self, snapshot: JobsSnapshot) -> Allocation:
         free = dict(snapshot.cluster)

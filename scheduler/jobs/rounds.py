@@ -11,7 +11,8 @@ the type under earlier allocations minus time it had), then on the share itself.
 in order (shuffled each round for heterogeneity-agnostic policies, as Gavel does); each type takes
 the highest-ranked jobs that fit in its GPUs left, a job running on at most one type per round and
 on all its ``scale_factor`` GPUs there. Jobs with no share on a type come last and only fill GPUs
-nobody else wants; a job absent from the allocation does not run at all.
+nobody else wants (unless ``fill_idle`` is off, as for FIFO, whose jobs keep to the type they
+hold); a job absent from the allocation does not run at all.
 
 The counters restart whenever the allocation changes, as in Gavel: each job's time per type goes
 back to half a round (so a job that has not run yet still has a finite priority), and what each
@@ -39,11 +40,13 @@ class RoundScheduler:
     `record` with how long each planned job really ran (a job that finished or was preempted
     mid-round ran less), and `forget` a job once it leaves for good. ``shuffle`` randomises the
     order GPU types are filled in each round (Gavel does it for agnostic policies); None keeps
-    the snapshot's order.
+    the snapshot's order. ``fill_idle=False`` runs a job only on types where its share is
+    positive (Gavel's FIFO); policies say which they need in ``fills_idle_gpus``.
     """
 
-    def __init__(self, shuffle: random.Random | None = None) -> None:
+    def __init__(self, shuffle: random.Random | None = None, fill_idle: bool = True) -> None:
         self.shuffle = shuffle
+        self.fill_idle = fill_idle
         self.allocation: dict[str, dict[str, float]] | None = None
         self.reset_s = 0.0
         self.time_since_reset: dict[str, dict[str, float]] = {}
@@ -96,6 +99,8 @@ class RoundScheduler:
             if job.job_id not in shares or not job.can_run_on(gpu):
                 continue
             share = shares[job.job_id].get(gpu, 0.0)
+            if share <= 0.0 and not self.fill_idle:
+                continue
             deficit = self.deficits.get(job.job_id, {}).get(gpu, 0.0)
             entries.append((self.priority(job.job_id, gpu, share), deficit, share, job.job_id))
         entries.sort(key=lambda entry: entry[:3], reverse=True)

@@ -245,7 +245,10 @@ def simulate_jobs(
     gpu_types = tuple(cluster)
     total_gpus = sum(cluster.values())
     aware = getattr(policy, "heterogeneity_aware", True)
-    rounds = RoundScheduler(shuffle=None if aware else random.Random(seed + 5))
+    rounds = RoundScheduler(
+        shuffle=None if aware else random.Random(seed + 5),
+        fill_idle=getattr(policy, "fills_idle_gpus", True),
+    )
     active: dict[str, _Running] = {}
     finished: list[_Running] = []
     count = len(pending)
