@@ -182,7 +182,8 @@ def test_solver_failure_raises_and_the_fallback_runs() -> None:
         broken.allocate(state)
     decision = decide(broken, gavel.FifoPerfPolicy(), state)
     assert decision.policy == "fifo_perf"
-    assert decision.fallback_reason is not None and "tpu" in decision.fallback_reason
+    assert decision.fallback_reason is not None
+    assert "tpu" in decision.fallback_reason
     assert decision.allocation == {"a": {"g": 1.0}}
 
 

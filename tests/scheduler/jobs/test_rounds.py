@@ -139,7 +139,8 @@ def test_forget_drops_a_finished_job() -> None:
     scheduler = RoundScheduler()
     run_rounds(scheduler, {"g": 1}, [job("a"), job("b")], {"a": {"g": 0.5}, "b": {"g": 0.5}}, 2)
     scheduler.forget("a")
-    assert "a" not in scheduler.time_since_reset and "a" not in scheduler.deficits
+    assert "a" not in scheduler.time_since_reset
+    assert "a" not in scheduler.deficits
     plan = scheduler.plan(
         JobsSnapshot(now_s=720.0, cluster={"g": 1}, jobs=(job("b"),)),
         {"a": {"g": 0.5}, "b": {"g": 0.5}},

@@ -1,4 +1,4 @@
-"""The throughput table reader: Gavel's JSON as it is, lookups, and errors that name file and key."""
+"""The throughput table reader: Gavel's JSON as it is, lookups, errors naming file and key."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_unreadable_and_non_json_files(tmp_path: Path) -> None:
         ThroughputTable.load(tmp_path / "absent.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{", encoding="utf-8")
-    with pytest.raises(ThroughputTableError, match="bad.json is not JSON"):
+    with pytest.raises(ThroughputTableError, match=r"bad\.json is not JSON"):
         ThroughputTable.load(bad)
 
 
