@@ -32,8 +32,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+
+from kernelfleet.scheduler.jobs.simulator import SimulatedJob
+from kernelfleet.scheduler.jobs.throughputs import ThroughputTable, ThroughputTableError
+from kernelfleet.scheduler.jobs.traces import TraceJob
 
 DATASET_SAMPLES: Mapping[str, int] = {
     "ResNet-18": 50_000,  # CIFAR-10
@@ -331,3 +335,39 @@ class BatchSizePosterior:
             steps_left * share / (rate_at.get(size, 0.0) or slowest)
             for size, share in self.remaining_shares().items()
         )
+
+
+def table_lookup(table: ThroughputTable, gpu_types: Iterable[str]) -> IsolatedThroughputs:
+    """`IsolatedThroughputs` over a `ThroughputTable`, on ``gpu_types`` (None for a missing row)."""
+    types = tuple(gpu_types)
+
+    def isolated(job_type: str, gpus: int) -> Mapping[str, float] | None:
+        try:
+            return table.throughputs_for(job_type, gpus, types)
+        except ThroughputTableError:
+            return None
+
+    return isolated
+
+
+def dynamic_jobs_from_trace(
+    trace: Iterable[TraceJob], table: ThroughputTable, gpu_types: Iterable[str]
+) -> list[SimulatedJob]:
+    """Simulated jobs ``job-<line>`` whose batch size follows their trace ``mode`` (Shockwave's
+    dynamic traces); the counterpart of the simulator's static `jobs_from_trace`."""
+    lookup = table_lookup(table, gpu_types)
+    return [
+        SimulatedJob(
+            job_id=f"job-{entry.line}",
+            job_type=entry.job_type,
+            scale_factor=entry.scale_factor,
+            total_steps=entry.total_steps,
+            arrival_s=entry.arrival_s,
+            model=DynamicThroughput.build(
+                entry.job_type, entry.scale_factor, entry.total_steps, entry.mode, lookup
+            ),
+            priority_weight=entry.priority_weight,
+            mode=entry.mode,
+        )
+        for entry in trace
+    ]
