@@ -175,3 +175,20 @@ def test_options_come_from_shockwave_s_configuration_json(tmp_path):
         ShockwaveConfig.load(bad)
     with pytest.raises(TypeError, match="nonsense"):
         ShockwavePolicy(nonsense=1)
+
+
+def test_the_posterior_s_faster_regime_ahead_shortens_a_job_s_predicted_remainder():
+    # Both run at 1 step/s now, 1000 steps left; "growing" may move to a batch size at 4 steps/s
+    # (10 epochs, one seen at 32): the posterior expects about half its remaining epochs there,
+    # so about 620 s left against 1000 s. Welfare gains are equal; Shockwave's k term (the longest
+    # remainder after the window) then runs the static job.
+    growing = job(
+        "growing",
+        1000,
+        batch_size=32,
+        epochs=10,
+        regime_throughputs={32: {"v100": 1.0}, 64: {"v100": 4.0}},
+    )
+    static = job("static", 1000, batch_size=32)
+    policy = ShockwavePolicy(future_rounds=1, rho_max=100.0)
+    assert running(policy.allocate(snapshot(growing, static))) == {"static"}
