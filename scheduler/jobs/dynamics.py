@@ -268,6 +268,11 @@ class DynamicThroughput:
         }
         return tuple(sorted(seen))
 
+    def regime_throughputs(self) -> dict[int, Mapping[str, float]]:
+        """What a `JobView` carries for Shockwave's posterior: trace steps/s per GPU type at each
+        batch size of `regimes` (0 for a job type that names no batch size)."""
+        return {size: self.rates[size] for size in self.regimes()}
+
 
 @dataclass
 class BatchSizePosterior:

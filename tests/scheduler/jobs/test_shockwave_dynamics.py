@@ -88,6 +88,7 @@ def test_throughput_counts_trace_steps_so_an_epoch_is_the_same_work_at_any_batch
     assert job.steps_per_s("v100", 20.5 * 1563) == pytest.approx(5.0 * 1563 / 196)
     assert job.steps_per_s("k80", 20.5 * 1563) == 0.0
     assert job.regimes() == (32, 256)
+    assert job.regime_throughputs() == {32: {"v100": 20.0}, 256: {"v100": 5.0 * 1563 / 196}}
 
 
 def test_a_batch_size_missing_from_the_table_is_never_reached():
