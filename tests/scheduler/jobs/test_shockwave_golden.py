@@ -15,7 +15,10 @@ are not within 5 % of Shockwave's own run. What is established:
   run ends with the ResNet-50 job of line 35 (4.08 h alone, arrived at 0.45 h) finishing at
   6.72 h; here that job ends at 5.81 h, next to the bound of 5.70 h that line 101 sets (an LM job
   of 4.56 h alone arriving at 1.13 h);
-- `PRIORITY_CAP` is not the cause: with it at 1e30 the run gives 5.84 h again.
+- `PRIORITY_CAP` is not the cause: with it at 1e30 the run gives 5.84 h again;
+- nor is the log approximation's encoding: Shockwave's SOS2 binaries, on this run's windows of
+  24, 63 and 109 jobs, solve in 0.05, 0.9 and 1.9 s (the hypograph here: 0.02, 0.25, 0.25 s),
+  far from the 15 s limit.
 
 Not yet measured apart, the remaining differences in what the planner sees: this simulator's
 `JobView` carries no ``epochs`` / ``regime_throughputs``, so the posterior sees one regime
