@@ -29,7 +29,10 @@ class JobView:
     one the job cannot use. ``time_on`` is the wall time the job has run so far per GPU type;
     ``waiting_s`` the time since its arrival that it ran on nothing.
     ``mode`` and ``batch_size`` describe a job whose batch size changes as it trains (Shockwave's
-    ``gns`` and ``accordion`` jobs); ``static`` jobs keep theirs.
+    ``gns`` and ``accordion`` jobs); ``static`` jobs keep theirs. For such a job, ``epochs`` is how
+    many epochs its step budget spans (0: unknown) and ``regime_throughputs`` its throughputs (in
+    the units of ``throughputs``) at every batch size it may reach, so Shockwave can predict its
+    remaining time; both stay empty for a job that cannot say.
     """
 
     job_id: str
@@ -44,6 +47,8 @@ class JobView:
     waiting_s: float = 0.0
     mode: str = "static"
     batch_size: int | None = None
+    epochs: int = 0
+    regime_throughputs: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
 
     @property
     def steps_left(self) -> float:
