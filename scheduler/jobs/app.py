@@ -27,6 +27,7 @@ from traitlets.config import Application
 
 from kernelfleet import __version__
 from kernelfleet.errors import InvalidRequest
+from kernelfleet.scheduler.jobs.dynamics import dynamic_jobs_from_trace
 from kernelfleet.scheduler.jobs.policy import JobPolicy, available_job_policies, load_job_policy
 from kernelfleet.scheduler.jobs.simulator import (
     JobsRunResult,
@@ -157,7 +158,11 @@ class SimulateJobsApp(Application):
         if self.plot_path:
             require_matplotlib()
         table = ThroughputTable.load(self.throughputs)
-        jobs = jobs_from_trace(read_job_trace(self.trace), table, cluster)
+        trace = read_job_trace(self.trace)
+        if any(entry.mode != "static" for entry in trace):
+            jobs = dynamic_jobs_from_trace(trace, table, cluster)
+        else:
+            jobs = jobs_from_trace(trace, table, cluster)
         print(
             f"Trace {self.trace}: {len(jobs)} jobs; cluster "
             + ", ".join(f"{count} {gpu}" for gpu, count in cluster.items())

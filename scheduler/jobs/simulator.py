@@ -48,11 +48,20 @@ SUBSTEPS_PER_ROUND = 12
 
 class ThroughputModel(Protocol):
     """How fast a simulated job trains: steps/s of the whole job on ``gpu_type`` once it has done
-    ``steps_done`` steps (0 where it cannot run), and its batch size then (None if unknown)."""
+    ``steps_done`` steps (0 where it cannot run), and its batch size then (None if unknown).
+
+    ``epochs`` and ``regime_throughputs`` tell a policy that predicts batch sizes (Shockwave's
+    posterior) how long the job runs and how fast it trains at each batch size it may reach;
+    a static job has 0 and ``{}``."""
+
+    @property
+    def epochs(self) -> int: ...
 
     def steps_per_s(self, gpu_type: str, steps_done: float) -> float: ...
 
     def batch_size(self, steps_done: float) -> int | None: ...
+
+    def regime_throughputs(self) -> Mapping[int, Mapping[str, float]]: ...
 
 
 @dataclass(frozen=True)
@@ -65,8 +74,15 @@ class StaticThroughput:
     def steps_per_s(self, gpu_type: str, steps_done: float) -> float:
         return self.throughputs.get(gpu_type, 0.0)
 
+    @property
+    def epochs(self) -> int:
+        return 0
+
     def batch_size(self, steps_done: float) -> int | None:
         return self.initial_batch_size
+
+    def regime_throughputs(self) -> Mapping[int, Mapping[str, float]]:
+        return {}
 
 
 @dataclass(frozen=True)
@@ -193,6 +209,8 @@ class _Running:
             waiting_s=max(now_s - job.arrival_s - ran, 0.0),
             mode=job.mode,
             batch_size=job.model.batch_size(self.steps_done),
+            epochs=job.model.epochs,
+            regime_throughputs=job.model.regime_throughputs(),
         )
 
     def run(self, gpu_type: str, start_s: float, seconds: float) -> float:

@@ -81,8 +81,13 @@ def test_a_job_arriving_mid_round_starts_at_the_next_round() -> None:
 class Accelerating:
     """A throughput model whose rate doubles halfway (a batch size that grows)."""
 
+    epochs = 2
+
     def __init__(self, steps: int) -> None:
         self.steps = steps
+
+    def regime_throughputs(self) -> dict[int, dict[str, float]]:
+        return {32: {"g": 1.0}, 64: {"g": 2.0}}
 
     def steps_per_s(self, gpu_type: str, steps_done: float) -> float:
         return 1.0 if steps_done < self.steps / 2 else 2.0
