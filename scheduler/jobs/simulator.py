@@ -168,6 +168,10 @@ class JobsRunResult:
     allocations: int = 0
     solver_s: float = 0.0
     fallbacks: tuple[str, ...] = ()
+    busy_gpu_s: float = 0.0
+    """GPU-seconds the jobs ran."""
+    unfinished: int = 0
+    """Jobs still running or queued at ``until_s`` (their times are in no metric)."""
 
     def as_document(self) -> dict[str, Any]:
         return {
@@ -247,20 +251,30 @@ def simulate_jobs(
     *,
     fallback: JobPolicy | None = None,
     reallocation_interval_s: float = GAVEL_REALLOCATION_INTERVAL_S,
+    lent: Callable[[float], Mapping[str, int]] | None = None,
+    until_s: float | None = None,
 ) -> JobsRunResult:
     """Run ``jobs`` through ``policy`` on ``cluster`` (GPU type -> count) in rounds of
     ``round_s`` seconds. ``seed`` drives the mechanism's random choices; ``progress`` gets the
     fraction of jobs done after each round. When the policy's solver fails, ``fallback``'s
     allocation is used (the reason is in `JobsRunResult.fallbacks`); without one the
-    `SolverFailed` propagates. `SimulationError` for a job that could never run."""
+    `SolverFailed` propagates. `SimulationError` for a job that could never run.
+
+    ``lent`` models a cluster that jobs share with something that comes first (notebook cells):
+    given a round's start time it says how many GPUs of each type the jobs may use during that
+    round (at most ``cluster``). It needs ``until_s``, where the run stops; jobs not finished
+    by then are counted in `JobsRunResult.unfinished`."""
     if round_s <= 0:
         raise SimulationError(f"round length must be positive, got {round_s:g} s")
+    if lent is not None and until_s is None:
+        raise SimulationError("a cluster lent round by round (lent=...) needs until_s")
     cluster = {gpu: count for gpu, count in cluster.items() if count > 0}
     if not cluster:
         raise SimulationError("the cluster has no GPUs")
     pending = sorted(jobs, key=lambda job: job.arrival_s)
     _check_runnable(pending, cluster)
     run = _Simulation(cluster, policy, fallback, round_s, seed, reallocation_interval_s)
+    run.lent, run.until_s = lent, until_s
     return run.through(pending, progress)
 
 
@@ -299,13 +313,16 @@ class _Simulation:
         self.solver_s = 0.0
         self.allocations = 0
         self.round_count = 0
+        self.lent: Callable[[float], Mapping[str, int]] | None = None
+        self.until_s: float | None = None
+        self.available: Mapping[str, int] = cluster
 
     def through(
         self, pending: list[SimulatedJob], progress: Callable[[float], None] | None
     ) -> JobsRunResult:
         queue = list(reversed(pending))  # next arrival last
         self.now = start = pending[0].arrival_s if pending else 0.0
-        while queue or self.active:
+        while (queue or self.active) and (self.until_s is None or self.now < self.until_s):
             while queue and queue[-1].arrival_s <= self.now:
                 job = queue.pop()
                 self.active[job.job_id] = _Running(job)
@@ -314,6 +331,9 @@ class _Simulation:
                 self.now = queue[-1].arrival_s
                 continue
             plan = self.plan_round()
+            if not plan.leases and self.lent is not None:
+                self.now += self.round_s  # nothing lent fits now; try again next round
+                continue
             if not plan.leases:
                 if not queue:
                     raise SimulationError(
@@ -329,10 +349,15 @@ class _Simulation:
 
     def snapshot(self) -> JobsSnapshot:
         views = tuple(state.view(self.now, self.gpu_types) for state in self.active.values())
-        return JobsSnapshot(self.now, self.cluster, views, self.round_s)
+        return JobsSnapshot(self.now, self.available, views, self.round_s)
 
     def plan_round(self) -> RoundPlan:
         """Reallocate if due (or if nothing could run on a stale allocation), then plan."""
+        if self.lent is not None:
+            lent = self.lent(self.now)
+            available = {gpu: min(max(lent.get(gpu, 0), 0), n) for gpu, n in self.cluster.items()}
+            if available != self.available:
+                self.available, self.jobs_changed = available, True
         snapshot = self.snapshot()
         due = self.jobs_changed and self.now - self.allocated_at >= self.reallocation_interval_s
         if self.allocation is None or due or self.policy.replans_every_round:
@@ -402,6 +427,7 @@ class _Simulation:
             allocations=self.allocations,
             solver_s=self.solver_s,
             fallbacks=tuple(self.fallbacks),
+            unfinished=len(self.active),
         )
 
 
@@ -441,7 +467,9 @@ def summarise(
 ) -> JobsRunResult:
     """The metrics of the JSON interface from the jobs' outcomes."""
     if not outcomes:
-        return JobsRunResult(name, 0.0, 0.0, 0.0, FtfRho(0.0, 0.0, 0.0, 0.0), 0, **details)
+        return JobsRunResult(
+            name, 0.0, 0.0, 0.0, FtfRho(0.0, 0.0, 0.0, 0.0), 0, busy_gpu_s=busy_gpu_s, **details
+        )
     makespan = max(outcome.finish_s for outcome in outcomes) - start
     rhos = np.array([outcome.rho for outcome in outcomes])
     return JobsRunResult(
@@ -457,5 +485,6 @@ def summarise(
         ),
         jobs=len(outcomes),
         outcomes=tuple(sorted(outcomes, key=lambda outcome: outcome.job_id)),
+        busy_gpu_s=busy_gpu_s,
         **details,
     )

@@ -383,6 +383,7 @@ class Simulation:
         result.gpu_hours_busy = self.busy.area / 3600
         result.provisioned_history = self.provisioned.history
         result.busy_history = self.busy.history
+        result.committed_history = self.committed.history
         if self._waiting:
             log.warning(
                 "%s: %d request(s) still waiting at the end", result.policy, len(self._waiting)

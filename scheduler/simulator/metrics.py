@@ -63,6 +63,7 @@ class PolicyResult:
     delays_s: list[float] = field(default_factory=list)
     provisioned_history: list[tuple[float, float]] = field(default_factory=list)
     busy_history: list[tuple[float, float]] = field(default_factory=list)
+    committed_history: list[tuple[float, float]] = field(default_factory=list)
 
     def note_rejection(self, line: int, reason: str, detail: str = "") -> None:
         """Remember why the event on trace line `line` was refused (the first 20 are kept;

@@ -191,3 +191,35 @@ def test_gavel_makespan_trace_agnostic_to_aware() -> None:
 def test_gavel_fifo_makespan_figure() -> None:
     (result,) = run_trace("minimize_makespan.trace", [gavel.FifoPolicy()]).values()
     assert result.makespan_s / HOUR == pytest.approx(70.38, rel=0.05)
+
+
+def test_jobs_use_only_the_gpus_lent_to_them_round_by_round() -> None:
+    """Cells come first: no GPU is lent for the first two rounds, then one is."""
+
+    def lent(now_s: float) -> dict[str, int]:
+        return {"g": 0 if now_s < 720.0 else 1}
+
+    jobs = [static("a", 360), static("b", 360)]
+    result = simulate_jobs(
+        jobs, {"g": 2}, gavel.MaxMinFairnessPolicy(), lent=lent, until_s=10_000.0
+    )
+    finishes = sorted(outcome.finish_s for outcome in result.outcomes)
+    assert finishes == pytest.approx([1080.0, 1440.0])  # one GPU: one job after the other
+    assert result.busy_gpu_s == pytest.approx(720.0)
+    assert result.unfinished == 0
+
+
+def test_a_lent_cluster_stops_at_until_and_counts_what_is_left() -> None:
+    result = simulate_jobs(
+        [static("a", 3600)],
+        {"g": 1},
+        gavel.MaxMinFairnessPolicy(),
+        lent=lambda now_s: {"g": 1},
+        until_s=720.0,
+    )
+    assert (result.jobs, result.unfinished) == (0, 1)
+    assert result.busy_gpu_s == pytest.approx(720.0)
+    with pytest.raises(SimulationError, match="until_s"):
+        simulate_jobs(
+            [static("a", 1)], {"g": 1}, gavel.MaxMinFairnessPolicy(), lent=lambda now_s: {"g": 1}
+        )
