@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kernelfleet.scheduler.jobs import gavel
 from kernelfleet.scheduler.jobs.model import JobsSnapshot, JobView
 from kernelfleet.scheduler.jobs.policy import JobPolicy, SolverFailed
 from kernelfleet.scheduler.jobs.shockwave import ShockwavePolicy
@@ -33,6 +34,9 @@ NOW_S = 3600.0
 
 POLICIES: dict[str, Callable[[argparse.Namespace], JobPolicy]] = {
     "shockwave": lambda args: ShockwavePolicy(solver_timeout=args.timeout),
+    "max_min_fairness_perf": lambda args: gavel.MaxMinFairnessPerfPolicy(),
+    "finish_time_fairness_perf": lambda args: gavel.FinishTimeFairnessPerfPolicy(),
+    "min_total_duration_perf": lambda args: gavel.MinTotalDurationPerfPolicy(),
 }
 
 
@@ -96,13 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     rows = []
-    print(f"{'policy':<14}{'jobs':>6}{'median s':>11}{'max s':>9}  outcomes")
+    print(f"{'policy':<26}{'jobs':>6}{'median s':>11}{'max s':>9}  outcomes")
     for name in args.policy or sorted(POLICIES):
         for jobs in (int(n) for n in args.jobs.split(",")):
             row = measure(name, jobs, args)
             rows.append(row)
             print(
-                f"{name:<14}{jobs:>6}{row['median_s']:>11.2f}{row['max_s']:>9.2f}  "
+                f"{name:<26}{jobs:>6}{row['median_s']:>11.2f}{row['max_s']:>9.2f}  "
                 + ", ".join(map(str, row["outcomes"]))
             )
     if args.json:
