@@ -44,6 +44,12 @@ GAVEL_REALLOCATION_INTERVAL_S = 1920.0
 UNFAIR_RHO = 1.05
 SUBSTEPS_PER_ROUND = 12
 """How finely a job whose throughput varies is integrated within a round."""
+SHOCKWAVE_RESUME_OVERHEAD_S = 20.0
+"""What Shockwave's simulator charges a job for checkpointing and restoring when it runs in a
+round after one it did not run in (its ``simulate``: "an approach similar to Pollux")."""
+RESUME_MARGIN_S = 5.0
+"""Shockwave's simulator charges that overhead only when the job runs more than the round less
+this margin (a job finishing earlier in the round it resumes pays nothing)."""
 
 
 class ThroughputModel(Protocol):
@@ -95,6 +101,9 @@ class SimulatedJob:
     model: ThroughputModel
     priority_weight: float = 1.0
     mode: str = "static"
+    reference_alone_s: float | None = None
+    """The time alone finish-time fairness divides by where it is not the model's own
+    (Shockwave's profile, say); None: `alone_s`."""
 
 
 class SimulationError(InvalidRequest):
@@ -217,8 +226,24 @@ class _Running:
             regime_throughputs=job.model.regime_throughputs(),
         )
 
-    def run(self, gpu_type: str, start_s: float, seconds: float) -> float:
-        """Train on ``gpu_type`` for up to ``seconds``; the seconds it really ran."""
+    def run(self, gpu_type: str, start_s: float, seconds: float, restoring_s: float = 0.0) -> float:
+        """Hold ``gpu_type`` GPUs for up to ``seconds``; how long the job held them.
+
+        ``restoring_s`` is a resume overhead (see `simulate_jobs`): unless the job finishes within
+        ``seconds - RESUME_MARGIN_S`` anyway, it trains only ``seconds - restoring_s`` of the
+        round (``time_on`` counts training only) and holds its GPUs for the whole round."""
+        if restoring_s <= 0.0:
+            return self.train(gpu_type, start_s, seconds)
+        steps_done, time_on = self.steps_done, dict(self.time_on)
+        trained = self.train(gpu_type, start_s, seconds)
+        if self.finish_s is not None and trained <= seconds - RESUME_MARGIN_S:
+            return trained
+        self.steps_done, self.time_on, self.finish_s = steps_done, time_on, None
+        restoring_s = min(restoring_s, seconds)
+        return restoring_s + self.train(gpu_type, start_s + restoring_s, seconds - restoring_s)
+
+    def train(self, gpu_type: str, start_s: float, seconds: float) -> float:
+        """Train on ``gpu_type`` for up to ``seconds``; the seconds it really trained."""
         job = self.job
         spent = 0.0
         substep = (
@@ -253,6 +278,7 @@ def simulate_jobs(
     reallocation_interval_s: float = GAVEL_REALLOCATION_INTERVAL_S,
     lent: Callable[[float], Mapping[str, int]] | None = None,
     until_s: float | None = None,
+    resume_overhead_s: float = 0.0,
 ) -> JobsRunResult:
     """Run ``jobs`` through ``policy`` on ``cluster`` (GPU type -> count) in rounds of
     ``round_s`` seconds. ``seed`` drives the mechanism's random choices; ``progress`` gets the
@@ -275,6 +301,7 @@ def simulate_jobs(
     _check_runnable(pending, cluster)
     run = _Simulation(cluster, policy, fallback, round_s, seed, reallocation_interval_s)
     run.lent, run.until_s = lent, until_s
+    run.resume_overhead_s = resume_overhead_s
     return run.through(pending, progress)
 
 
@@ -316,6 +343,8 @@ class _Simulation:
         self.lent: Callable[[float], Mapping[str, int]] | None = None
         self.until_s: float | None = None
         self.available: Mapping[str, int] = cluster
+        self.resume_overhead_s = 0.0
+        self.ran_last_round: frozenset[str] = frozenset()
 
     def through(
         self, pending: list[SimulatedJob], progress: Callable[[float], None] | None
@@ -385,16 +414,21 @@ class _Simulation:
     def run_round(self, plan: RoundPlan, start: float) -> None:
         """Run the planned jobs; the round ends after ``round_s`` or when the last one
         finishes, if all do."""
-        ran = {
-            job_id: self.active[job_id].run(lease.gpu_type, self.now, self.round_s)
-            for job_id, lease in plan.leases.items()
-        }
+        held, trained = {}, {}
+        for job_id, lease in plan.leases.items():
+            state = self.active[job_id]
+            before = sum(state.time_on.values())
+            resuming = self.round_count > 0 and job_id not in self.ran_last_round
+            restoring_s = self.resume_overhead_s if resuming else 0.0
+            held[job_id] = state.run(lease.gpu_type, self.now, self.round_s, restoring_s)
+            trained[job_id] = sum(state.time_on.values()) - before
         busy = sum(lease.gpus for lease in plan.leases.values())
         self.busy_history.append((self.now - start, busy))
-        self.busy_gpu_s += sum(ran[job] * lease.gpus for job, lease in plan.leases.items())
-        self.rounds.record(plan, ran)
+        self.busy_gpu_s += sum(trained[job] * lease.gpus for job, lease in plan.leases.items())
+        self.rounds.record(plan, trained)
+        self.ran_last_round = frozenset(plan.leases)
         self.round_count += 1
-        self.now += max(ran.values(), default=0.0) or self.round_s
+        self.now += max(held.values(), default=0.0) or self.round_s
         for job_id in [job for job, state in self.active.items() if state.finish_s is not None]:
             self.finished.append(self.active.pop(job_id))
             self.rounds.forget(job_id)
@@ -405,7 +439,7 @@ class _Simulation:
         outcomes = []
         for state in self.finished:
             assert state.finish_s is not None
-            alone = alone_s(state.job, self.gpu_types)
+            alone = state.job.reference_alone_s or alone_s(state.job, self.gpu_types)
             jct = state.finish_s - state.job.arrival_s
             outcomes.append(
                 JobOutcome(
