@@ -7,8 +7,12 @@ that run. A job runs the whole round on its lease unless it finishes first: it f
 exact moment its last step is done (its completion time is that moment), and its GPUs stay idle
 until the round ends; a round where every job finishes early ends with the last of them.
 The allocation is recomputed when the set of jobs has changed and at least
-``reallocation_interval_s`` has passed since the last one (Gavel: 1920 s), at once when nothing
-could run, and every round for a policy with ``replans_every_round``.
+``reallocation_interval_s`` has passed since the last one (Gavel: 1920 s; Shockwave's fork:
+1000 s), at once when nothing could run, and every round for a policy with ``replans_every_round``.
+``resume_overhead_s`` (0 in Gavel's simulator, 20 s in Shockwave's) is what a job pays to restore
+its checkpoint when it runs after a round it sat out: it trains that much less of the round,
+its GPUs held all the same (Shockwave charges it only to rounds the job runs through, not to one
+it finishes early in).
 
 Each job carries a `ThroughputModel` (steps/s on a GPU type given the steps done, and its batch
 size), so jobs whose throughput changes as they train (Shockwave's dynamic batch sizes) plug in
@@ -17,8 +21,9 @@ without touching this module; `StaticThroughput` is the throughput table's isola
 Metrics (`JobsRunResult`): average JCT (completion minus arrival), makespan (last completion
 minus first arrival), utilisation (GPU-seconds the jobs ran over GPUs x makespan) and Shockwave's
 finish-time fairness ``rho = JCT / (t_alone * max(1, jobs / GPUs))``, ``t_alone`` the time the job
-takes alone on its fastest GPU type; ``unfair_share`` is the fraction of jobs with ``rho`` over
-1.05 (Shockwave's threshold).
+takes alone on its fastest GPU type (or the job's ``reference_alone_s``, such as the duration of
+Shockwave's pre-generated profile, which Shockwave's simulator divides by); ``unfair_share`` is
+the fraction of jobs with ``rho`` over 1.05 (Shockwave's threshold).
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ from kernelfleet.scheduler.jobs.throughputs import ThroughputTable
 from kernelfleet.scheduler.jobs.traces import TraceJob
 
 GAVEL_REALLOCATION_INTERVAL_S = 1920.0
+SHOCKWAVE_REALLOCATION_INTERVAL_S = 1000.0
+"""Shockwave's fork of Gavel's simulator keeps Gavel's rule with its own default interval (its
+``Scheduler(minimum_time_between_allocation_resets=1000)``, which its driver does not override)."""
 UNFAIR_RHO = 1.05
 SUBSTEPS_PER_ROUND = 12
 """How finely a job whose throughput varies is integrated within a round."""
@@ -289,7 +297,10 @@ def simulate_jobs(
     ``lent`` models a cluster that jobs share with something that comes first (notebook cells):
     given a round's start time it says how many GPUs of each type the jobs may use during that
     round (at most ``cluster``). It needs ``until_s``, where the run stops; jobs not finished
-    by then are counted in `JobsRunResult.unfinished`."""
+    by then are counted in `JobsRunResult.unfinished`.
+
+    ``resume_overhead_s``: see the module docstring (`SHOCKWAVE_RESUME_OVERHEAD_S` with
+    ``reallocation_interval_s=SHOCKWAVE_REALLOCATION_INTERVAL_S`` is Shockwave's simulator)."""
     if round_s <= 0:
         raise SimulationError(f"round length must be positive, got {round_s:g} s")
     if lent is not None and until_s is None:
