@@ -24,6 +24,10 @@ Shockwave applies a batch-size change at the end of the next round the job runs,
 progress up to a whole epoch at each change; here the batch size follows the epoch the job is in,
 sampled by the simulator at the start of each round.
 
+Shockwave also pre-generates a *profile* of every job (`profiled_batch_sizes`, `profiled_alone_s`),
+which its planner reads and its finish-time fairness divides by; the profile follows slightly
+different rules from its simulator's (see `profiled_batch_sizes`).
+
 `BatchSizePosterior` is Shockwave's Dirichlet posterior over a job's batch-size regimes: how much of
 its remaining work a job will spend at each batch size, from the epochs seen so far.
 """
