@@ -24,6 +24,10 @@ Shockwave applies a batch-size change at the end of the next round the job runs,
 progress up to a whole epoch at each change; here the batch size follows the epoch the job is in,
 sampled by the simulator at the start of each round.
 
+Shockwave also pre-generates a *profile* of every job (`profiled_batch_sizes`, `profiled_alone_s`),
+which its planner reads and its finish-time fairness divides by; the profile follows slightly
+different rules from its simulator's (see `profiled_batch_sizes`).
+
 `BatchSizePosterior` is Shockwave's Dirichlet posterior over a job's batch-size regimes: how much of
 its remaining work a job will spend at each batch size, from the epochs seen so far.
 """
@@ -170,6 +174,79 @@ def scheduled_batch_size(
     return largest
 
 
+PROFILE_WARM_UP_SHARE = 0.3
+"""Accordion keeps a job's initial batch size for this share of its epochs in Shockwave's profiles
+(not in its simulator: see `profiled_batch_sizes`)."""
+
+RECOMMENDATION_LATE_REGIMES = ((60, 70), (80, 90))
+"""Critical regimes of Recommendation jobs in Shockwave's profiles (its simulator lacks them)."""
+
+
+def profiled_batch_sizes(
+    mode: str, model: str, initial_batch_size: int, gpus: int, epochs: int
+) -> tuple[int, ...]:
+    """The batch size of each epoch in the profile Shockwave pre-generates for a job (its
+    ``generate_pickle_file`` with ``get_accordion_bs_pattern`` / ``get_gns_bs_pattern``). Its
+    planner reads that profile and its finish-time fairness divides by the profile's duration, but
+    its simulator drives the job by other rules (`scheduled_batch_size`). They differ in three
+    ways: an Accordion profile keeps the initial batch size for the first 30 % of the epochs and
+    in two more Recommendation regimes; a GNS profile doubles at the pattern's epochs themselves
+    (the simulator looks one epoch ahead) and keeps the initial batch size in the last epoch
+    unless that lies in the first doubling's range."""
+    if mode not in MODES:
+        raise ValueError(f"unknown batch-size mode {mode!r} (known: {', '.join(MODES)})")
+    largest = LARGEST_BATCH_SIZE.get(model, initial_batch_size)
+    if mode == "accordion" and model in ACCORDION_MODELS:
+        return tuple(
+            largest
+            if epoch > epochs * PROFILE_WARM_UP_SHARE
+            and not in_critical_regime(model, initial_batch_size, epoch)
+            and not (
+                model == "Recommendation"
+                and any(low <= epoch < high for low, high in RECOMMENDATION_LATE_REGIMES)
+            )
+            else initial_batch_size
+            for epoch in range(epochs)
+        )
+    doublings = GNS_DOUBLINGS.get((model, initial_batch_size, gpus), ()) if mode == "gns" else ()
+    sizes = []
+    for epoch in range(epochs):
+        multiplier = 1
+        for first_epoch, factor in doublings:
+            if epoch >= first_epoch:
+                multiplier = factor
+        last_in_later_range = len(doublings) > 1 and epoch >= doublings[1][0]
+        if epoch == epochs - 1 and last_in_later_range:
+            multiplier = 1
+        sizes.append(min(initial_batch_size * multiplier, max(largest, initial_batch_size)))
+    return tuple(sizes)
+
+
+def profiled_alone_s(
+    mode: str,
+    model: str,
+    initial_batch_size: int,
+    gpus: int,
+    epochs: int,
+    isolated: IsolatedThroughputs,
+) -> dict[str, float]:
+    """Seconds a job takes alone by Shockwave's profile, per GPU type: each profiled epoch at
+    ``samples / batch size`` iterations (not rounded up, as the profile has it) at the throughput
+    table's figure. Empty where the table lacks a batch size of the profile."""
+    seconds: dict[str, float] = {}
+    for batch_size, count in Counter(
+        profiled_batch_sizes(mode, model, initial_batch_size, gpus, epochs)
+    ).items():
+        row = isolated(job_type_name(model, batch_size), gpus)
+        if row is None:
+            return {}
+        iterations = DATASET_SAMPLES[model] / batch_size * count
+        for gpu, rate in row.items():
+            if rate > 0.0:
+                seconds[gpu] = seconds.get(gpu, 0.0) + iterations / rate
+    return seconds
+
+
 @dataclass(frozen=True)
 class DynamicThroughput:
     """A job's speed and batch size as it trains: the simulator's throughput model for one job.
@@ -187,6 +264,8 @@ class DynamicThroughput:
     total_steps: int
     mode: str
     rates: Mapping[int, Mapping[str, float]]
+    profiled_alone_s: Mapping[str, float] = field(default_factory=dict)
+    """Seconds alone per GPU type by Shockwave's profile (`profiled_alone_s`); empty if unknown."""
 
     @classmethod
     def build(
@@ -221,7 +300,9 @@ class DynamicThroughput:
             if row is not None:
                 scale = trace_steps_per_epoch / steps_per_epoch(model, batch_size)
                 rates[batch_size] = {gpu: rate * scale for gpu, rate in row.items()}
-        return cls(model, initial, gpus, total_steps, mode, rates)
+        epochs = max(math.ceil(total_steps / trace_steps_per_epoch), 1)
+        profile = profiled_alone_s(mode, model, initial, gpus, epochs, isolated)
+        return cls(model, initial, gpus, total_steps, mode, rates, profile)
 
     @property
     def trace_steps_per_epoch(self) -> int:
@@ -356,23 +437,38 @@ def table_lookup(table: ThroughputTable, gpu_types: Iterable[str]) -> IsolatedTh
 
 
 def dynamic_jobs_from_trace(
-    trace: Iterable[TraceJob], table: ThroughputTable, gpu_types: Iterable[str]
+    trace: Iterable[TraceJob],
+    table: ThroughputTable,
+    gpu_types: Iterable[str],
+    *,
+    alone_from_profile: bool = False,
 ) -> list[SimulatedJob]:
     """Simulated jobs ``job-<line>`` whose batch size follows their trace ``mode`` (Shockwave's
-    dynamic traces); the counterpart of the simulator's static `jobs_from_trace`."""
+    dynamic traces); the counterpart of the simulator's static `jobs_from_trace`.
+
+    ``alone_from_profile`` makes finish-time fairness divide by the job's time alone by Shockwave's
+    profile (`profiled_alone_s`, on its fastest GPU type), as Shockwave's simulator reports it,
+    rather than by the time its own dynamics take alone."""
     lookup = table_lookup(table, gpu_types)
-    return [
-        SimulatedJob(
-            job_id=f"job-{entry.line}",
-            job_type=entry.job_type,
-            scale_factor=entry.scale_factor,
-            total_steps=entry.total_steps,
-            arrival_s=entry.arrival_s,
-            model=DynamicThroughput.build(
-                entry.job_type, entry.scale_factor, entry.total_steps, entry.mode, lookup
-            ),
-            priority_weight=entry.priority_weight,
-            mode=entry.mode,
+    jobs = []
+    for entry in trace:
+        model = DynamicThroughput.build(
+            entry.job_type, entry.scale_factor, entry.total_steps, entry.mode, lookup
         )
-        for entry in trace
-    ]
+        profiled = model.profiled_alone_s
+        jobs.append(
+            SimulatedJob(
+                job_id=f"job-{entry.line}",
+                job_type=entry.job_type,
+                scale_factor=entry.scale_factor,
+                total_steps=entry.total_steps,
+                arrival_s=entry.arrival_s,
+                model=model,
+                priority_weight=entry.priority_weight,
+                mode=entry.mode,
+                reference_alone_s=min(profiled.values())
+                if alone_from_profile and profiled
+                else None,
+            )
+        )
+    return jobs

@@ -7,8 +7,12 @@ that run. A job runs the whole round on its lease unless it finishes first: it f
 exact moment its last step is done (its completion time is that moment), and its GPUs stay idle
 until the round ends; a round where every job finishes early ends with the last of them.
 The allocation is recomputed when the set of jobs has changed and at least
-``reallocation_interval_s`` has passed since the last one (Gavel: 1920 s), at once when nothing
-could run, and every round for a policy with ``replans_every_round``.
+``reallocation_interval_s`` has passed since the last one (Gavel: 1920 s; Shockwave's fork:
+1000 s), at once when nothing could run, and every round for a policy with ``replans_every_round``.
+``resume_overhead_s`` (0 in Gavel's simulator, 20 s in Shockwave's) is what a job pays to restore
+its checkpoint when it runs after a round it sat out: it trains that much less of the round,
+its GPUs held all the same (Shockwave charges it only to rounds the job runs through, not to one
+it finishes early in).
 
 Each job carries a `ThroughputModel` (steps/s on a GPU type given the steps done, and its batch
 size), so jobs whose throughput changes as they train (Shockwave's dynamic batch sizes) plug in
@@ -17,8 +21,9 @@ without touching this module; `StaticThroughput` is the throughput table's isola
 Metrics (`JobsRunResult`): average JCT (completion minus arrival), makespan (last completion
 minus first arrival), utilisation (GPU-seconds the jobs ran over GPUs x makespan) and Shockwave's
 finish-time fairness ``rho = JCT / (t_alone * max(1, jobs / GPUs))``, ``t_alone`` the time the job
-takes alone on its fastest GPU type; ``unfair_share`` is the fraction of jobs with ``rho`` over
-1.05 (Shockwave's threshold).
+takes alone on its fastest GPU type (or the job's ``reference_alone_s``, such as the duration of
+Shockwave's pre-generated profile, which Shockwave's simulator divides by); ``unfair_share`` is
+the fraction of jobs with ``rho`` over 1.05 (Shockwave's threshold).
 """
 
 from __future__ import annotations
@@ -41,9 +46,18 @@ from kernelfleet.scheduler.jobs.throughputs import ThroughputTable
 from kernelfleet.scheduler.jobs.traces import TraceJob
 
 GAVEL_REALLOCATION_INTERVAL_S = 1920.0
+SHOCKWAVE_REALLOCATION_INTERVAL_S = 1000.0
+"""Shockwave's fork of Gavel's simulator keeps Gavel's rule with its own default interval (its
+``Scheduler(minimum_time_between_allocation_resets=1000)``, which its driver does not override)."""
 UNFAIR_RHO = 1.05
 SUBSTEPS_PER_ROUND = 12
 """How finely a job whose throughput varies is integrated within a round."""
+SHOCKWAVE_RESUME_OVERHEAD_S = 20.0
+"""What Shockwave's simulator charges a job for checkpointing and restoring when it runs in a
+round after one it did not run in (its ``simulate``: "an approach similar to Pollux")."""
+RESUME_MARGIN_S = 5.0
+"""Shockwave's simulator charges that overhead only when the job runs more than the round less
+this margin (a job finishing earlier in the round it resumes pays nothing)."""
 
 
 class ThroughputModel(Protocol):
@@ -95,6 +109,9 @@ class SimulatedJob:
     model: ThroughputModel
     priority_weight: float = 1.0
     mode: str = "static"
+    reference_alone_s: float | None = None
+    """The time alone finish-time fairness divides by where it is not the model's own
+    (Shockwave's profile, say); None: `alone_s`."""
 
 
 class SimulationError(InvalidRequest):
@@ -217,8 +234,24 @@ class _Running:
             regime_throughputs=job.model.regime_throughputs(),
         )
 
-    def run(self, gpu_type: str, start_s: float, seconds: float) -> float:
-        """Train on ``gpu_type`` for up to ``seconds``; the seconds it really ran."""
+    def run(self, gpu_type: str, start_s: float, seconds: float, restoring_s: float = 0.0) -> float:
+        """Hold ``gpu_type`` GPUs for up to ``seconds``; how long the job held them.
+
+        ``restoring_s`` is a resume overhead (see `simulate_jobs`): unless the job finishes within
+        ``seconds - RESUME_MARGIN_S`` anyway, it trains only ``seconds - restoring_s`` of the
+        round (``time_on`` counts training only) and holds its GPUs for the whole round."""
+        if restoring_s <= 0.0:
+            return self.train(gpu_type, start_s, seconds)
+        steps_done, time_on = self.steps_done, dict(self.time_on)
+        trained = self.train(gpu_type, start_s, seconds)
+        if self.finish_s is not None and trained <= seconds - RESUME_MARGIN_S:
+            return trained
+        self.steps_done, self.time_on, self.finish_s = steps_done, time_on, None
+        restoring_s = min(restoring_s, seconds)
+        return restoring_s + self.train(gpu_type, start_s + restoring_s, seconds - restoring_s)
+
+    def train(self, gpu_type: str, start_s: float, seconds: float) -> float:
+        """Train on ``gpu_type`` for up to ``seconds``; the seconds it really trained."""
         job = self.job
         spent = 0.0
         substep = (
@@ -253,6 +286,7 @@ def simulate_jobs(
     reallocation_interval_s: float = GAVEL_REALLOCATION_INTERVAL_S,
     lent: Callable[[float], Mapping[str, int]] | None = None,
     until_s: float | None = None,
+    resume_overhead_s: float = 0.0,
 ) -> JobsRunResult:
     """Run ``jobs`` through ``policy`` on ``cluster`` (GPU type -> count) in rounds of
     ``round_s`` seconds. ``seed`` drives the mechanism's random choices; ``progress`` gets the
@@ -263,7 +297,10 @@ def simulate_jobs(
     ``lent`` models a cluster that jobs share with something that comes first (notebook cells):
     given a round's start time it says how many GPUs of each type the jobs may use during that
     round (at most ``cluster``). It needs ``until_s``, where the run stops; jobs not finished
-    by then are counted in `JobsRunResult.unfinished`."""
+    by then are counted in `JobsRunResult.unfinished`.
+
+    ``resume_overhead_s``: see the module docstring (`SHOCKWAVE_RESUME_OVERHEAD_S` with
+    ``reallocation_interval_s=SHOCKWAVE_REALLOCATION_INTERVAL_S`` is Shockwave's simulator)."""
     if round_s <= 0:
         raise SimulationError(f"round length must be positive, got {round_s:g} s")
     if lent is not None and until_s is None:
@@ -275,6 +312,7 @@ def simulate_jobs(
     _check_runnable(pending, cluster)
     run = _Simulation(cluster, policy, fallback, round_s, seed, reallocation_interval_s)
     run.lent, run.until_s = lent, until_s
+    run.resume_overhead_s = resume_overhead_s
     return run.through(pending, progress)
 
 
@@ -316,6 +354,8 @@ class _Simulation:
         self.lent: Callable[[float], Mapping[str, int]] | None = None
         self.until_s: float | None = None
         self.available: Mapping[str, int] = cluster
+        self.resume_overhead_s = 0.0
+        self.ran_last_round: frozenset[str] = frozenset()
 
     def through(
         self, pending: list[SimulatedJob], progress: Callable[[float], None] | None
@@ -385,16 +425,21 @@ class _Simulation:
     def run_round(self, plan: RoundPlan, start: float) -> None:
         """Run the planned jobs; the round ends after ``round_s`` or when the last one
         finishes, if all do."""
-        ran = {
-            job_id: self.active[job_id].run(lease.gpu_type, self.now, self.round_s)
-            for job_id, lease in plan.leases.items()
-        }
+        held, trained = {}, {}
+        for job_id, lease in plan.leases.items():
+            state = self.active[job_id]
+            before = sum(state.time_on.values())
+            resuming = self.round_count > 0 and job_id not in self.ran_last_round
+            restoring_s = self.resume_overhead_s if resuming else 0.0
+            held[job_id] = state.run(lease.gpu_type, self.now, self.round_s, restoring_s)
+            trained[job_id] = sum(state.time_on.values()) - before
         busy = sum(lease.gpus for lease in plan.leases.values())
         self.busy_history.append((self.now - start, busy))
-        self.busy_gpu_s += sum(ran[job] * lease.gpus for job, lease in plan.leases.items())
-        self.rounds.record(plan, ran)
+        self.busy_gpu_s += sum(trained[job] * lease.gpus for job, lease in plan.leases.items())
+        self.rounds.record(plan, trained)
+        self.ran_last_round = frozenset(plan.leases)
         self.round_count += 1
-        self.now += max(ran.values(), default=0.0) or self.round_s
+        self.now += max(held.values(), default=0.0) or self.round_s
         for job_id in [job for job, state in self.active.items() if state.finish_s is not None]:
             self.finished.append(self.active.pop(job_id))
             self.rounds.forget(job_id)
@@ -405,7 +450,7 @@ class _Simulation:
         outcomes = []
         for state in self.finished:
             assert state.finish_s is not None
-            alone = alone_s(state.job, self.gpu_types)
+            alone = state.job.reference_alone_s or alone_s(state.job, self.gpu_types)
             jct = state.finish_s - state.job.arrival_s
             outcomes.append(
                 JobOutcome(

@@ -13,6 +13,8 @@ from kernelfleet.scheduler.jobs.dynamics import (
     BatchSizePosterior,
     DynamicThroughput,
     parse_job_type,
+    profiled_alone_s,
+    profiled_batch_sizes,
     scheduled_batch_size,
     steps_per_epoch,
 )
@@ -102,6 +104,42 @@ def test_a_batch_size_missing_from_the_table_is_never_reached():
     # the pattern wants 40 from epoch 21 and 80 from 41; GNS doubles and stops at 20
     assert job.batch_size(50 * steps_per_epoch("LM", 10)) == 20
     assert job.regimes() == (10, 20)
+
+
+def test_an_accordion_profile_warms_up_for_30_percent_of_the_epochs():
+    profile = profiled_batch_sizes("accordion", "LM", 10, 1, 100)
+    # LM's critical regime is epochs 0-9, but the profile keeps 10 up to epoch 30 (30 % of 100)
+    assert profile[:31] == (10,) * 31
+    assert profile[31:] == (80,) * 69
+    # the simulator's Accordion leaves the regime at epoch 10
+    assert scheduled_batch_size("accordion", "LM", 10, 1, 10.5) == 80
+
+
+def test_a_recommendation_accordion_profile_has_two_late_critical_regimes():
+    profile = profiled_batch_sizes("accordion", "Recommendation", 4096, 1, 100)
+    small = [epoch for epoch, size in enumerate(profile) if size == 4096]
+    assert small == [*range(31), *range(60, 70), *range(80, 90)]
+
+
+def test_a_gns_profile_doubles_at_its_epochs_and_ends_at_the_initial_batch_size():
+    # ("LM", 10, 1) doubles from epochs 11, 21 and 41
+    profile = profiled_batch_sizes("gns", "LM", 10, 1, 50)
+    assert profile[:11] == (10,) * 11
+    assert profile[11:21] == (20,) * 10
+    assert profile[21:41] == (40,) * 20
+    assert profile[41:49] == (80,) * 8
+    assert profile[49] == 10  # the last epoch, past the first doubling's range
+    assert profiled_batch_sizes("gns", "LM", 10, 1, 15)[-1] == 20  # inside it: doubled
+    assert profiled_batch_sizes("static", "LM", 10, 1, 3) == (10, 10, 10)
+
+
+def test_a_profile_s_time_alone_counts_unrounded_iterations_at_the_table_s_figures():
+    lookup = table_lookup(
+        {("LM (batch size 10)", 1): {"v100": 30.0}, ("LM (batch size 80)", 1): {"v100": 20.0}}
+    )
+    seconds = profiled_alone_s("accordion", "LM", 10, 1, 100, lookup)
+    assert seconds == {"v100": pytest.approx(31 * 59675 / 10 / 30.0 + 69 * 59675 / 80 / 20.0)}
+    assert profiled_alone_s("accordion", "LM", 5, 1, 100, lookup) == {}  # no row for 5
 
 
 def test_the_tacc_trace_types_build_from_shockwave_s_own_table():

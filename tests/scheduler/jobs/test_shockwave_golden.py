@@ -3,30 +3,12 @@
 Shockwave's own code (../shared/data/README.md): Shockwave makespan 6.73 h, average JCT 2.76 h,
 worst finish-time-fairness rho 1.60; max-min fairness 9.22 h, 3.13 h, 2.95.
 
-About 45 s for Shockwave on two cores, hence ``slow``. Measured here: Shockwave 5.84 h, 2.72 h,
-rho 1.20; max-min fairness 8.57 h, 2.82 h, rho 2.59. The average JCT is within 5 %, and both of
-the paper's claims hold (a shorter makespan, a far better worst rho); the makespan and worst rho
-are not within 5 % of Shockwave's own run. What is established:
-
-- the jobs' work is the same: Shockwave's published result pickles (scheduler/reproduce/pickles/
-  tacc_32gpus in its repository) record each job's run time; they total 175.6 GPU-hours, as
-  `DynamicThroughput` does here (175.6), each job within 9 %;
-- so the gap is in the schedule: Shockwave's own run keeps its GPUs 82 % busy, this one 94 %. Its
-  run ends with the ResNet-50 job of line 35 (4.08 h alone, arrived at 0.45 h) finishing at
-  6.72 h; here that job ends at 5.81 h, next to the bound of 5.70 h that line 101 sets (an LM job
-  of 4.56 h alone arriving at 1.13 h);
-- `PRIORITY_CAP` is not the cause: with it at 1e30 the run gives 5.84 h again;
-- nor is the log approximation's encoding: Shockwave's SOS2 binaries, on this run's windows of
-  24, 63 and 109 jobs, solve in 0.05, 0.9 and 1.9 s (the hypograph here: 0.02, 0.25, 0.25 s),
-  far from the 15 s limit.
-
-Not yet measured apart, the remaining differences in what the planner sees: this simulator's
-`JobView` carries no ``epochs`` / ``regime_throughputs``, so the posterior sees one regime
-(filled in, an experiment of two lines in the simulator's ``_Running.view``: 6.07 h, 2.72 h, rho
-1.12); Shockwave's planner reads each job's batch-size schedule and epoch durations from a
-pre-generated profile (Accordion's there with a 30 %-of-epochs warm-up its simulator does not
-apply) and rescales those durations when measured throughput differs by over 40 %; Shockwave's
-rho divides by that profile's duration, this simulator's by the job's own dynamics.
+The experiment is run as Shockwave's simulator runs it (docs/jobs-simulator.md, "Shockwave's
+dynamic trace"): a job that runs after a round it sat out pays 20 s to restore its checkpoint,
+Gavel's mechanism reallocates at most every 1000 s, and rho divides by the duration of the job's
+pre-generated profile. About 45 s for Shockwave and 10 s for max-min fairness on two cores, hence
+``slow``. Measured here: Shockwave 6.39 h, 2.91 h, rho 1.19; max-min fairness 9.17 h, 3.19 h,
+rho 2.79.
 """
 
 from __future__ import annotations
@@ -38,7 +20,12 @@ import pytest
 from kernelfleet.scheduler.jobs.dynamics import dynamic_jobs_from_trace
 from kernelfleet.scheduler.jobs.gavel import MaxMinFairnessPolicy
 from kernelfleet.scheduler.jobs.shockwave import ShockwavePolicy
-from kernelfleet.scheduler.jobs.simulator import JobsRunResult, simulate_jobs
+from kernelfleet.scheduler.jobs.simulator import (
+    SHOCKWAVE_REALLOCATION_INTERVAL_S,
+    SHOCKWAVE_RESUME_OVERHEAD_S,
+    JobsRunResult,
+    simulate_jobs,
+)
 from kernelfleet.scheduler.jobs.throughputs import ThroughputTable
 from kernelfleet.scheduler.jobs.traces import read_job_trace
 
@@ -52,13 +39,21 @@ def run(policy_name: str) -> JobsRunResult:
         if not needed.exists():
             pytest.fail(f"Shockwave's artifacts are missing: looked for {needed}")
     table = ThroughputTable.load(DATA / "tacc_throughputs.json")
-    jobs = dynamic_jobs_from_trace(read_job_trace(TRACE), table, ["v100"])
+    jobs = dynamic_jobs_from_trace(read_job_trace(TRACE), table, ["v100"], alone_from_profile=True)
     policy = (
         ShockwavePolicy(DATA / "configurations" / "tacc_32gpus.json")
         if policy_name == "shockwave"
         else MaxMinFairnessPolicy()
     )
-    return simulate_jobs(jobs, {"v100": 32}, policy, round_s=120.0, fallback=MaxMinFairnessPolicy())
+    return simulate_jobs(
+        jobs,
+        {"v100": 32},
+        policy,
+        round_s=120.0,
+        fallback=MaxMinFairnessPolicy(),
+        resume_overhead_s=SHOCKWAVE_RESUME_OVERHEAD_S,
+        reallocation_interval_s=SHOCKWAVE_REALLOCATION_INTERVAL_S,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -84,16 +79,33 @@ def test_shockwave_finishes_every_job_sooner_and_fairer_than_max_min_fairness(
 
 
 @pytest.mark.slow
-def test_shockwave_average_jct_matches_shockwave_s_own_code(shockwave):
-    assert shockwave.avg_jct_s / HOUR == pytest.approx(2.76, rel=0.05)
+def test_max_min_fairness_makespan_and_average_jct_match_shockwave_s_own_code(max_min_fairness):
+    assert max_min_fairness.makespan_s / HOUR == pytest.approx(9.22, rel=0.05)
+    assert max_min_fairness.avg_jct_s / HOUR == pytest.approx(3.13, rel=0.05)
 
 
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="5.84 h and rho 1.20 here against 6.73 h and 1.60 measured with Shockwave's code: "
-    "the jobs' work matches; the difference is in the schedule (see the module's docstring)",
+    reason="2.79 here against 2.95: the same five jobs are the least fairly treated, in the same "
+    "order, each within 6 %; the rest is an artefact of Shockwave's simulator not modelled here "
+    "(its first reset at t=0 leaves the never-reset sentinel _last_reset_time == 0 in place, so "
+    "it reallocates again in round 2; re-created, 2.84): docs/jobs-simulator.md",
 )
-def test_shockwave_makespan_and_worst_rho_match_shockwave_s_own_code(shockwave):
+def test_max_min_fairness_worst_rho_matches_shockwave_s_own_code(max_min_fairness):
+    assert max_min_fairness.ftf_rho.max == pytest.approx(2.95, rel=0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="6.39 h, 2.91 h and rho 1.19 here against 6.73 h, 2.76 h and 1.60: same work, the same "
+    "ramp-up and no idle GPU mid-run in both; Shockwave's own run leaves more of the longest jobs "
+    "for its tail (50 rounds with idle GPUs against 35 here), a difference in the planner's "
+    "choices not yet found; its worst rho is solver-dependent (1.78 with Gurobi, 1.60 with "
+    "HiGHS): docs/jobs-simulator.md",
+)
+def test_shockwave_figures_match_shockwave_s_own_code(shockwave):
     assert shockwave.makespan_s / HOUR == pytest.approx(6.73, rel=0.05)
+    assert shockwave.avg_jct_s / HOUR == pytest.approx(2.76, rel=0.05)
     assert shockwave.ftf_rho.max == pytest.approx(1.60, rel=0.05)

@@ -78,6 +78,47 @@ def test_a_job_arriving_mid_round_starts_at_the_next_round() -> None:
     assert mid.finish_s == pytest.approx(360.0 + 100.0)
 
 
+def test_a_job_resuming_after_a_round_it_sat_out_pays_the_resume_overhead() -> None:
+    # Two jobs share one GPU; a 20 s overhead whenever one runs after a round it sat out.
+    jobs = [static("a", 720), static("b", 720)]
+    result = simulate_jobs(jobs, {"g": 1}, gavel.MaxMinFairnessPolicy(), resume_overhead_s=20.0)
+    finish = {outcome.job_id: outcome.finish_s for outcome in result.outcomes}
+    # a trains 360 s in round 0 (the first round: no overhead); b resumes in round 1 (340 s),
+    # keeps its lease in round 2 (360 s: no overhead) and ends at 700 s done; a resumes in round
+    # 3 (340 s). Each then has 20 s left and ends early in its round: no overhead (Shockwave's
+    # simulator charges only rounds a job runs through), a at 1440 + 20, b at 1460 + 20.
+    assert finish == {"a": pytest.approx(1460.0), "b": pytest.approx(1480.0)}
+    # the GPU was held through the restores, but only training counts as busy
+    assert result.busy_gpu_s == pytest.approx(1440.0)
+
+
+def test_the_resume_overhead_spares_kept_leases_and_a_job_that_ends_early_in_its_round() -> None:
+    kept = simulate_jobs(
+        [static("a", 1000)], {"g": 1}, gavel.MaxMinFairnessPolicy(), resume_overhead_s=20.0
+    )
+    assert kept.makespan_s == pytest.approx(1000.0)
+    # "late" arrives while "a" runs and starts in round 1 with 100 s of work: it ends well within
+    # the round, so pays nothing (Shockwave's simulator charges only rounds run through).
+    jobs = [static("a", 720), static("late", 100, arrival_s=10.0)]
+    result = simulate_jobs(
+        jobs,
+        {"g": 2},
+        gavel.MaxMinFairnessPolicy(),
+        resume_overhead_s=20.0,
+        reallocation_interval_s=0.0,
+    )
+    late = next(outcome for outcome in result.outcomes if outcome.job_id == "late")
+    assert late.finish_s == pytest.approx(360.0 + 100.0)
+
+
+def test_fairness_divides_by_a_reference_time_alone_when_a_job_has_one() -> None:
+    job = SimulatedJob(
+        "a", "t", 1, 1000, 0.0, StaticThroughput({"g": 1.0}), reference_alone_s=500.0
+    )
+    result = simulate_jobs([job], {"g": 1}, gavel.MaxMinFairnessPolicy())
+    assert result.ftf_rho.max == pytest.approx(2.0)
+
+
 class Accelerating:
     """A throughput model whose rate doubles halfway (a batch size that grows)."""
 
