@@ -9,7 +9,9 @@ Prints a summary table on stdout and a progress bar on stderr. ``--json`` writes
 "max", "unfair_share"}, "jobs": N}}}`` (tools outside the project read it: keep it stable).
 ``--config`` names a JSON object of policy options, ``{NAME: {option: value}}``, given to each
 policy's constructor; a flat object (like Shockwave's ``configurations/*.json``) goes to
-``shockwave``. Bad input ends with a one-line error and exit code 2.
+``shockwave``. ``--conventions shockwave`` simulates as Shockwave's simulator does (a resumed
+job pays 20 s, allocations every 1000 s, rho over the job's pre-generated profile) instead of
+Gavel's (docs/jobs-simulator.md). Bad input ends with a one-line error and exit code 2.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from traitlets import Bool, Float, Int, List, TraitError, Unicode, validate
+from traitlets import Bool, Enum, Float, Int, List, TraitError, Unicode, validate
 from traitlets.config import Application
 
 from kernelfleet import __version__
@@ -30,6 +32,9 @@ from kernelfleet.errors import InvalidRequest
 from kernelfleet.scheduler.jobs.dynamics import dynamic_jobs_from_trace
 from kernelfleet.scheduler.jobs.policy import JobPolicy, available_job_policies, load_job_policy
 from kernelfleet.scheduler.jobs.simulator import (
+    GAVEL_REALLOCATION_INTERVAL_S,
+    SHOCKWAVE_REALLOCATION_INTERVAL_S,
+    SHOCKWAVE_RESUME_OVERHEAD_S,
     JobsRunResult,
     SimulatedJob,
     jobs_from_trace,
@@ -105,6 +110,7 @@ class SimulateJobsApp(Application):
         "json": "SimulateJobsApp.json_path",
         "plot": "SimulateJobsApp.plot_path",
         "fallback": "SimulateJobsApp.fallback",
+        "conventions": "SimulateJobsApp.conventions",
     }
 
     trace = Unicode("", config=True, help=JOB_TRACE_HELP)
@@ -122,6 +128,13 @@ class SimulateJobsApp(Application):
     policy_config = Unicode("", config=True, help="JSON file of policy options (see the docs).")
     fallback = Unicode(
         "fifo_perf", config=True, help="Policy whose allocation is used when a solver fails."
+    )
+    conventions = Enum(
+        ["gavel", "shockwave"],
+        "gavel",
+        config=True,
+        help="Whose simulator to imitate: gavel (no resume cost, allocations every 1920 s) or "
+        "shockwave (20 s per resume, every 1000 s, rho over the job's profile).",
     )
     json_path = Unicode("", config=True, help="Write the results as JSON to this file.")
     plot_path = Unicode("", config=True, help="Draw the results into this PNG (matplotlib).")
@@ -160,7 +173,9 @@ class SimulateJobsApp(Application):
         table = ThroughputTable.load(self.throughputs)
         trace = read_job_trace(self.trace)
         if any(entry.mode != "static" for entry in trace):
-            jobs = dynamic_jobs_from_trace(trace, table, cluster)
+            jobs = dynamic_jobs_from_trace(
+                trace, table, cluster, alone_from_profile=self.conventions == "shockwave"
+            )
         else:
             jobs = jobs_from_trace(trace, table, cluster)
         print(
@@ -193,6 +208,7 @@ class SimulateJobsApp(Application):
         policy: JobPolicy,
         fallback: JobPolicy,
     ) -> JobsRunResult:
+        shockwave = self.conventions == "shockwave"
         return simulate_jobs(
             jobs,
             cluster,
@@ -201,6 +217,10 @@ class SimulateJobsApp(Application):
             seed=self.seed,
             progress=self._progress_bar(policy.name) if self.progress else None,
             fallback=fallback,
+            reallocation_interval_s=(
+                SHOCKWAVE_REALLOCATION_INTERVAL_S if shockwave else GAVEL_REALLOCATION_INTERVAL_S
+            ),
+            resume_overhead_s=SHOCKWAVE_RESUME_OVERHEAD_S if shockwave else 0.0,
         )
 
     def _progress_bar(self, name: str) -> Callable[[float], None]:

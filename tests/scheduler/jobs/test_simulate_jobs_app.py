@@ -149,3 +149,21 @@ def test_the_app_is_a_subcommand() -> None:
     assert KernelfleetApp.subcommands["simulate-jobs"][0] == (
         f"{SimulateJobsApp.__module__}.{SimulateJobsApp.__name__}"
     )
+
+
+def test_shockwave_s_conventions_charge_each_resumed_job(files: dict[str, Path]) -> None:
+    """Three jobs on one GPU: someone waits and resumes, and under Shockwave's conventions every
+    resume costs 20 s of training, so jobs finish later than under Gavel's."""
+    argv = base(files, "--policy", "max_min_fairness", "--round-s", "60", cluster="fast=1")
+    files["trace"].write_text(
+        "\n".join(
+            LINE.format(batch=10, steps=steps, scale=1, arrival=0) for steps in (4000, 3000, 2000)
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    run(*argv)
+    gavel = json.loads(files["json"].read_text())["policies"]["max_min_fairness"]
+    run(*argv, "--conventions", "shockwave")
+    shockwave = json.loads(files["json"].read_text())["policies"]["max_min_fairness"]
+    assert shockwave["avg_jct_s"] > gavel["avg_jct_s"] + 20
