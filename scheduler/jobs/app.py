@@ -78,7 +78,7 @@ def policy_options(path: str, names: list[str]) -> dict[str, dict[str, Any]]:
     known = set(available_job_policies()) | set(names)
     if document and all(key in known and isinstance(v, dict) for key, v in document.items()):
         return {name: dict(options) for name, options in document.items()}
-    return {"shockwave": document}
+    return {"shockwave": {"config": path}}  # Shockwave's own configuration file
 
 
 def build_policy(name: str, options: Mapping[str, Any]) -> JobPolicy:
@@ -89,7 +89,7 @@ def build_policy(name: str, options: Mapping[str, Any]) -> JobPolicy:
         raise InvalidRequest(
             f"job policy {name!r} is registered but not installed: {error}"
         ) from None
-    except TypeError as error:
+    except (TypeError, ValueError) as error:
         raise InvalidRequest(f"bad options for job policy {name!r}: {error}") from None
 
 

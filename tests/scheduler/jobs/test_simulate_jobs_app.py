@@ -10,7 +10,13 @@ import pytest
 
 from kernelfleet.cli import KernelfleetApp
 from kernelfleet.errors import InvalidRequest
-from kernelfleet.scheduler.jobs.app import SimulateJobsApp, parse_cluster, policy_options
+from kernelfleet.scheduler.jobs.app import (
+    SimulateJobsApp,
+    build_policy,
+    parse_cluster,
+    policy_options,
+)
+from kernelfleet.scheduler.jobs.shockwave import ShockwavePolicy
 
 LINE = (
     "LM (batch size {batch})\tpython3 main.py\tlm\t--steps\t1\t{steps}\t{scale}\t1\t-1\t{arrival}"
@@ -136,10 +142,15 @@ def test_cluster_and_config_parsing(tmp_path: Path) -> None:
         with pytest.raises(InvalidRequest):
             parse_cluster(bad)
     flat = tmp_path / "tacc.json"
-    flat.write_text(json.dumps({"future_rounds": 20, "lambda": 12.0}), encoding="utf-8")
-    assert policy_options(str(flat), ["shockwave"]) == {
-        "shockwave": {"future_rounds": 20, "lambda": 12.0}
-    }
+    flat.write_text(json.dumps({"future_rounds": 7, "lambda": 3.0}), encoding="utf-8")
+    options = policy_options(str(flat), ["shockwave"])
+    assert options == {"shockwave": {"config": str(flat)}}  # Shockwave's own file, as it is
+    policy = build_policy("shockwave", options["shockwave"])
+    assert isinstance(policy, ShockwavePolicy)
+    assert (policy.config.future_rounds, policy.config.lam) == (7, 3.0)
+    flat.write_text(json.dumps({"future_rounds": 7, "lambda_": 3.0}), encoding="utf-8")
+    with pytest.raises(InvalidRequest, match="unknown Shockwave options"):
+        build_policy("shockwave", policy_options(str(flat), ["shockwave"])["shockwave"])
     flat.write_text("{", encoding="utf-8")
     with pytest.raises(InvalidRequest, match="is not JSON"):
         policy_options(str(flat), [])
