@@ -48,17 +48,24 @@ def wait_state(fleet, job_id, states, timeout=30):
 
 def test_a_job_runs_on_its_leased_gpu_as_its_own_user_and_completes(jobs_fleet):
     fleet = jobs_fleet
-    job = fleet.api("POST", "/api/fleet/jobs", {"source": COUNTER, "gpus": 1, "steps": 30,
-                                                "name": "counter"}, expect=201)  # fmt: skip
-    assert job["state"] == "queued" and job["name"] == "counter"
+    job = fleet.api(
+        "POST",
+        "/api/fleet/jobs",
+        {"source": COUNTER, "gpus": 1, "steps": 30, "name": "counter"},
+        expect=201,
+    )
+    assert job["state"] == "queued"
+    assert job["name"] == "counter"
     running = wait_state(fleet, job["id"], {"running", "completed"})
     assert running["lease"] is None or running["lease"]["devices"] in (["0"], ["1"])
     done = wait_state(fleet, job["id"], {"completed", "failed"})
     assert done["state"] == "completed", done
-    assert done["steps_done"] == 30 and done["exit_code"] == 0
+    assert done["steps_done"] == 30
+    assert done["exit_code"] == 0
     assert done["throughput"]["virtual"] > 0, "learned from the job's reports"
     devices, uid = done["log_tail"][0].split()[1], int(done["log_tail"][0].split()[3])
-    assert devices in ("0", "1") and "done" in done["log_tail"]
+    assert devices in ("0", "1")
+    assert "done" in done["log_tail"]
     if fleet.api("GET", "/api/fleet/hosts")[0]["isolation"]["kernel_user"] == "per-kernel":
         assert uid >= 2**24, "a job runs as a user of its own"
     listed = fleet.api("GET", "/api/fleet/jobs")
@@ -68,12 +75,17 @@ def test_a_job_runs_on_its_leased_gpu_as_its_own_user_and_completes(jobs_fleet):
 
 def test_a_crashing_job_fails_with_its_log_tail(jobs_fleet):
     fleet = jobs_fleet
-    job = fleet.api("POST", "/api/fleet/jobs", {"source": CRASHER, "gpus": 1, "steps": 5},
-                    expect=201)  # fmt: skip
+    job = fleet.api(
+        "POST", "/api/fleet/jobs", {"source": CRASHER, "gpus": 1, "steps": 5}, expect=201
+    )
     failed = wait_state(fleet, job["id"], {"failed", "completed"})
-    assert failed["state"] == "failed" and failed["exit_code"] == 1
-    wait_for(lambda: "the data set is missing" in (job_state(fleet, job["id"])["error"] or ""),
-             10, "the log tail in the error")  # fmt: skip
+    assert failed["state"] == "failed"
+    assert failed["exit_code"] == 1
+    wait_for(
+        lambda: "the data set is missing" in (job_state(fleet, job["id"])["error"] or ""),
+        10,
+        "the log tail in the error",
+    )
     record = job_state(fleet, job["id"])
     assert "about to fail" in record["error"]
     assert "about to fail" in record["log_tail"]
@@ -83,18 +95,26 @@ def test_a_crashing_job_fails_with_its_log_tail(jobs_fleet):
 
 def test_bad_requests_get_the_issues_answers(jobs_fleet):
     fleet = jobs_fleet
-    status, body = fleet.request("POST", "/api/fleet/jobs", {"source": COUNTER, "gpus": 3,
-                                                             "steps": 5})  # fmt: skip
-    assert status == 409 and body["reason"] == "never-fits"
-    assert "host-1" in body["message"] and "has 2" in body["message"]
+    status, body = fleet.request(
+        "POST", "/api/fleet/jobs", {"source": COUNTER, "gpus": 3, "steps": 5}
+    )
+    assert status == 409
+    assert body["reason"] == "never-fits"
+    assert "host-1" in body["message"]
+    assert "has 2" in body["message"]
     status, body = fleet.request("GET", "/api/fleet/jobs/job-00000000")
-    assert status == 404 and "job-00000000" in body["message"]
-    for bad in ({"gpus": 1, "steps": 5}, {"source": "x", "gpus": 0, "steps": 5},
-                {"source": "x", "gpus": 1, "steps": 5, "weight": -1}):  # fmt: skip
+    assert status == 404
+    assert "job-00000000" in body["message"]
+    for bad in (
+        {"gpus": 1, "steps": 5},
+        {"source": "x", "gpus": 0, "steps": 5},
+        {"source": "x", "gpus": 1, "steps": 5, "weight": -1},
+    ):
         status, body = fleet.request("POST", "/api/fleet/jobs", bad)
         assert (status, body["reason"]) == (400, "invalid-request"), bad
     status, body = fleet.request("PUT", "/api/fleet/jobs/policy", {"policy": "nope"})
-    assert status == 400 and "nope" in body["message"]
+    assert status == 400
+    assert "nope" in body["message"]
     policy = fleet.api("GET", "/api/fleet/jobs/policy")
     assert "max_min_fairness" in policy["available"]
 
@@ -104,18 +124,25 @@ def test_a_kernel_cancels_its_own_jobs_only_and_a_job_token_only_reports(jobs_fl
     kernels = [fleet.start_kernel() for _ in range(2)]
     tokens = [_kernel_token(fleet, kernel_id) for kernel_id in kernels]
     try:
-        status, job = fleet.request("POST", "/api/fleet/jobs", {"source": COUNTER, "gpus": 1,
-                                    "steps": 100000, "args": ["0.05"]}, token=tokens[0])  # fmt: skip
-        assert status == 201 and job["owner_kernel"] == kernels[0]
+        status, job = fleet.request(
+            "POST",
+            "/api/fleet/jobs",
+            {"source": COUNTER, "gpus": 1, "steps": 100000, "args": ["0.05"]},
+            token=tokens[0],
+        )
+        assert status == 201
+        assert job["owner_kernel"] == kernels[0]
         status, body = fleet.request("DELETE", f"/api/fleet/jobs/{job['id']}", token=tokens[1])
-        assert status == 403 and body["reason"] == "forbidden"
+        assert status == 403
+        assert body["reason"] == "forbidden"
         wait_for(lambda: job_state(fleet, job["id"])["steps_done"] > 0, 20, "the job to run")
-        status, cancelled = fleet.request("DELETE", f"/api/fleet/jobs/{job['id']}",
-                                          token=tokens[0])  # fmt: skip
-        assert status == 200 and cancelled["state"] == "cancelled", cancelled
+        status, cancelled = fleet.request("DELETE", f"/api/fleet/jobs/{job['id']}", token=tokens[0])
+        assert status == 200
+        assert cancelled["state"] == "cancelled", cancelled
         assert cancelled["exit_code"] == 0, "it checkpointed and exited on SIGTERM"
-        status, _ = fleet.request("POST", f"/api/fleet/jobs/{job['id']}/progress",
-                                  {"steps_done": 1}, token=tokens[0])  # fmt: skip
+        status, _ = fleet.request(
+            "POST", f"/api/fleet/jobs/{job['id']}/progress", {"steps_done": 1}, token=tokens[0]
+        )
         assert status == 403, "a kernel's token reports no job's progress"
     finally:
         for kernel_id in kernels:
