@@ -153,3 +153,119 @@ def _kernel_token(fleet, kernel_id):
     from kernelfleet.gateway.kernel_tokens import KernelTokens
 
     return KernelTokens(fleet.token).issue(kernel_id)
+
+
+TRAIN = """
+import sys, time
+import torch
+from kernelfleet.jobs.sdk import current_job
+
+job = current_job()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+optimiser = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+true_w = torch.arange(8, dtype=torch.float32).unsqueeze(1) / 8
+start = 0
+saved = job.load_checkpoint()
+if saved is not None:
+    model.load_state_dict(saved["model"])
+    optimiser.load_state_dict(saved["optimiser"])
+    start = saved["step"]
+    print("resumed at", start, flush=True)
+
+
+def batch(step):
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1000 + step))
+    return x, torch.sin(x @ true_w)
+
+
+def save(step):
+    job.save_checkpoint({"model": model.state_dict(), "optimiser": optimiser.state_dict(),
+                         "step": step}, step=step)
+
+
+for step in range(start, job.steps):
+    x, y = batch(step)
+    optimiser.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimiser.step()
+    time.sleep(0.01)
+    job.report(step + 1)
+    if job.should_stop:
+        save(step + 1)
+        sys.exit(0)
+    if (step + 1) % 50 == 0:
+        save(step + 1)
+x, y = batch(-1)
+with torch.no_grad():
+    print(f"final loss {torch.nn.functional.mse_loss(model(x), y).item():.10f}", flush=True)
+"""
+STEPS = 400
+
+
+def reference_loss(tmp_path):
+    """The final loss of the same training run uninterrupted, outside the fleet."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KERNELFLEET_JOB_STEPS": str(STEPS),
+           "KERNELFLEET_JOB_CHECKPOINT": str(tmp_path / "reference")}  # fmt: skip
+    env.pop("KERNELFLEET_GATEWAY_URL", None)
+    out = subprocess.run(
+        [sys.executable, "-c", TRAIN], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return final_loss(out.stdout.splitlines())
+
+
+def final_loss(lines):
+    found = [line.split()[-1] for line in lines if line.startswith("final loss")]
+    assert found, lines
+    return found[-1]
+
+
+@pytest.mark.slow
+async def test_two_jobs_share_the_gpus_a_cell_preempts_one_and_it_resumes_to_the_same_loss(
+    private_fleet, tmp_path
+):
+    fleet = private_fleet(
+        hosts=1,
+        gpus=2,
+        gateway_args=("--GatewayApp.job_round_s=2", "--GatewayApp.job_stop_grace=20"),
+    )
+    expected = reference_loss(tmp_path)
+    jobs = [
+        fleet.api("POST", "/api/fleet/jobs", {"source": TRAIN, "gpus": 1, "steps": STEPS,
+                                              "name": name}, expect=201)["id"]
+        for name in ("a", "b")
+    ]  # fmt: skip
+    wait_for(lambda: all(job_state(fleet, j)["steps_done"] > 20 for j in jobs), 60, "both run")
+    leases = [job_state(fleet, j)["lease"]["devices"] for j in jobs]
+    assert sorted(leases) == [["0"], ["1"]], "two jobs share the 2 GPUs"
+    lent = fleet.api("GET", "/api/fleet/hosts")[0]["gpus"]["devices"]
+    assert {d["lent_to_job"] for d in lent} == set(jobs)
+    assert fleet.api("GET", "/api/fleet")["jobs"] == {"queued": 0, "running": 2, "gpus_lent": 2}
+
+    kernel_id = fleet.start_kernel()
+    client = await fleet.connect(kernel_id)
+    try:
+        reply = await client.execute(
+            "%%gpus 1\nimport os\nprint('cell on', os.environ['KERNELFLEET_GPUS'])", timeout=60
+        )
+        assert reply.reply["status"] == "ok", reply.reply
+        device = reply.stdout.split()[-1]
+        preempted = [j for j, lease in zip(jobs, leases, strict=True) if lease == [device]]
+        record = job_state(fleet, preempted[0])
+        assert record["preemptions"] >= 1, record
+        assert record["lost_steps"] == 0, "it checkpointed within the grace period"
+    finally:
+        client.close()
+        fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+    done = [wait_state(fleet, j, {"completed", "failed"}, timeout=240) for j in jobs]
+    assert [d["state"] for d in done] == ["completed", "completed"], done
+    assert done[jobs.index(preempted[0])]["restarts"] >= 1
+    for job_id in jobs:
+        lines = fleet.api("GET", f"/api/fleet/jobs/{job_id}/logs?tail=50")["lines"]
+        assert final_loss(lines or job_state(fleet, job_id)["log_tail"]) == expected
