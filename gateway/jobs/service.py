@@ -354,8 +354,11 @@ class JobService:
             self._wake.clear()
 
     async def schedule_round(self) -> None:
-        """One round (see the module docstring)."""
+        """One round (see the module docstring). None while jobs of a previous gateway wait
+        to be re-linked: their devices look free until their hosts report them."""
         self._give_up_unlinked()
+        if self._unlinked:
+            return
         now = time.monotonic()
         if self._plan is not None:
             ran = {job_id: self._ran.get(job_id, 0.0) for job_id in self._plan.leases}

@@ -41,6 +41,12 @@ def job_state(fleet, job_id):
     return fleet.api("GET", f"/api/fleet/jobs/{job_id}")
 
 
+def lent_to(fleet):
+    """The jobs the hosts' devices are lent to (None for a device lent to none)."""
+    hosts = fleet.api("GET", "/api/fleet/hosts")
+    return {device["lent_to_job"] for host in hosts for device in host["gpus"]["devices"]}
+
+
 def wait_state(fleet, job_id, states, timeout=30):
     wait_for(lambda: job_state(fleet, job_id)["state"] in states, timeout, f"{job_id} {states}")
     return job_state(fleet, job_id)
@@ -243,8 +249,7 @@ async def test_two_jobs_share_the_gpus_a_cell_preempts_one_and_it_resumes_to_the
     wait_for(lambda: all(job_state(fleet, j)["steps_done"] > 20 for j in jobs), 60, "both run")
     leases = [job_state(fleet, j)["lease"]["devices"] for j in jobs]
     assert sorted(leases) == [["0"], ["1"]], "two jobs share the 2 GPUs"
-    lent = fleet.api("GET", "/api/fleet/hosts")[0]["gpus"]["devices"]
-    assert {d["lent_to_job"] for d in lent} == set(jobs)
+    assert lent_to(fleet) == set(jobs)
     assert fleet.api("GET", "/api/fleet")["jobs"] == {"queued": 0, "running": 2, "gpus_lent": 2}
 
     kernel_id = fleet.start_kernel()
@@ -269,3 +274,35 @@ async def test_two_jobs_share_the_gpus_a_cell_preempts_one_and_it_resumes_to_the
     for job_id in jobs:
         lines = fleet.api("GET", f"/api/fleet/jobs/{job_id}/logs?tail=50")["lines"]
         assert final_loss(lines or job_state(fleet, job_id)["log_tail"]) == expected
+
+
+@pytest.mark.slow
+def test_jobs_survive_a_killed_gateway_and_finish(private_fleet):
+    fleet = private_fleet(hosts=1, gpus=2, gateway_args=("--GatewayApp.job_round_s=1",))
+    running = [
+        fleet.api("POST", "/api/fleet/jobs", {"source": COUNTER, "gpus": 1, "steps": 250,
+                                              "args": ["0.03"]}, expect=201)["id"]
+        for _ in range(2)
+    ]  # fmt: skip
+    wait_for(lambda: all(job_state(fleet, j)["steps_done"] > 30 for j in running), 30, "runs")
+    queued = fleet.api("POST", "/api/fleet/jobs", {"source": COUNTER, "gpus": 2, "steps": 20},
+                       expect=201)["id"]  # fmt: skip
+    before = {j: job_state(fleet, j) for j in running}
+    assert job_state(fleet, queued)["state"] == "queued"
+
+    fleet.restart_gateway()  # SIGKILL, then a new gateway on the same state dir and port
+
+    after = {j: job_state(fleet, j) for j in running}
+    for job_id in running:
+        assert after[job_id]["state"] == "running"
+        assert after[job_id]["steps_done"] >= before[job_id]["steps_done"], "progress kept"
+    assert job_state(fleet, queued)["state"] == "queued"
+    wait_for(lambda: bool(lent_to(fleet) & set(running)), 10, "the running jobs to be re-linked")
+    done = [wait_state(fleet, j, {"completed", "failed"}, timeout=60) for j in [*running, queued]]
+    assert [d["state"] for d in done] == ["completed"] * 3, done
+    for record in done[:2]:
+        # the 2-GPU job's turns preempt them (max-min fairness); the gateway's restart did not
+        assert record["restarts"] == record["preemptions"], "re-linked, not restarted"
+        assert record["lost_steps"] == 0
+        assert record["steps_done"] == 250
+        assert record["exit_code"] == 0
