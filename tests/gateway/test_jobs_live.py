@@ -25,6 +25,18 @@ for step in range(state["step"], job.steps):
 print("done", flush=True)
 """
 
+STUBBORN = """
+import signal, time
+from kernelfleet.jobs.sdk import current_job
+job = current_job()
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # deaf to the stop request
+for step in range(job.steps):
+    time.sleep(0.03)
+    job.report(step + 1)
+    if step + 1 == 5:
+        job.save_checkpoint({"step": 5})
+"""
+
 CRASHER = "print('about to fail', flush=True)\nraise SystemExit('the data set is missing')\n"
 
 
@@ -153,6 +165,20 @@ def test_a_kernel_cancels_its_own_jobs_only_and_a_job_token_only_reports(jobs_fl
     finally:
         for kernel_id in kernels:
             fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+def test_a_job_that_ignores_the_stop_request_is_killed_and_its_lost_work_reported(jobs_fleet):
+    fleet = jobs_fleet
+    body = {"source": STUBBORN, "gpus": 1, "steps": 100000}
+    job = fleet.api("POST", "/api/fleet/jobs", body, expect=201)
+    wait_for(
+        lambda: job_state(fleet, job["id"])["steps_done"] > 20, 20, "steps past its checkpoint"
+    )
+    cancelled = fleet.api("DELETE", f"/api/fleet/jobs/{job['id']}")
+    assert cancelled["state"] == "cancelled"
+    assert cancelled["exit_code"] == -9, "killed after the 2 s grace"
+    assert cancelled["lost_steps"] > 15, "the steps since its checkpoint at step 5"
+    assert cancelled["steps_done"] == 5
 
 
 def _kernel_token(fleet, kernel_id):
