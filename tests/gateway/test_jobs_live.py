@@ -181,6 +181,26 @@ def test_a_job_that_ignores_the_stop_request_is_killed_and_its_lost_work_reporte
     assert cancelled["steps_done"] == 5
 
 
+def test_simulate_is_a_what_if_of_the_queue_with_the_learned_throughputs(jobs_fleet):
+    fleet = jobs_fleet
+    body = {"source": COUNTER, "gpus": 1, "steps": 100000, "args": ["0.01"]}
+    job = fleet.api("POST", "/api/fleet/jobs", body, expect=201)
+    wait_for(lambda: job_state(fleet, job["id"])["throughput"], 20, "a learned throughput")
+    rate = job_state(fleet, job["id"])["throughput"]["virtual"]
+    answer = fleet.api(
+        "POST", "/api/fleet/jobs/simulate", {"policies": ["max_min_fairness", "fifo"]}
+    )
+    assert set(answer["policies"]) == {"max_min_fairness", "fifo"}
+    figures = answer["policies"]["fifo"]
+    assert figures["jobs"] == 1
+    left = 100000 - job_state(fleet, job["id"])["steps_done"]
+    assert figures["makespan_s"] == pytest.approx(left / rate, rel=0.5), "at the learned rate"
+    status, error = fleet.request("POST", "/api/fleet/jobs/simulate", {"policies": ["nope"]})
+    assert status == 400
+    assert "nope" in error["message"]
+    fleet.api("DELETE", f"/api/fleet/jobs/{job['id']}")
+
+
 def _kernel_token(fleet, kernel_id):
     from kernelfleet.gateway.kernel_tokens import KernelTokens
 
