@@ -37,7 +37,7 @@ from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
-from kernelfleet.errors import Conflict, FleetError, Forbidden, InvalidRequest, NotFound
+from kernelfleet.errors import Conflict, FleetError, InvalidRequest, NotFound
 from kernelfleet.gateway.hosts import HostRecord, HostRegistry
 from kernelfleet.gateway.jobs.planning import (
     ThroughputMeter,
@@ -172,15 +172,10 @@ class JobService:
         self._changed(wake=True)
         return job
 
-    async def cancel(self, job_id: str, principal: str | None) -> JobRecord:
-        """Cancel a job (stop it first if it runs); `Forbidden` for another kernel's job."""
+    async def cancel(self, job_id: str) -> JobRecord:
+        """Cancel a job (stopped first if it runs: SIGTERM, grace, SIGKILL); answers once it is
+        cancelled. Who may is the handler's business (`JobRecord.owner_kernel`)."""
         job = self.get(job_id)
-        if principal is not None and job.owner_kernel != principal:
-            raise Forbidden(
-                f"job {job_id} was submitted by "
-                f"{'kernel ' + job.owner_kernel if job.owner_kernel else 'the fleet token'}; "
-                f"kernel {principal}'s token may cancel only its own jobs"
-            )
         if job.state.finished:
             return job
         if job.state is JobState.QUEUED:

@@ -81,6 +81,8 @@ def test_a_job_runs_on_its_leased_gpu_as_its_own_user_and_completes(jobs_fleet):
     assert done["steps_done"] == 30
     assert done["exit_code"] == 0
     assert done["throughput"]["virtual"] > 0, "learned from the job's reports"
+    wait_for(lambda: job_state(fleet, job["id"])["log_tail"], 10, "the log tail, collected")
+    done = job_state(fleet, job["id"])
     devices, uid = done["log_tail"][0].split()[1], int(done["log_tail"][0].split()[3])
     assert devices in ("0", "1")
     assert "done" in done["log_tail"]
