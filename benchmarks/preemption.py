@@ -122,7 +122,8 @@ async def main() -> None:
             delays = await measure(fleet, kernel_id, args.rounds, job)
             print(
                 f"  {name:<24} median {statistics.median(delays) * 1000:7.1f} ms   "
-                f"max {max(delays) * 1000:7.1f} ms"
+                f"max {max(delays) * 1000:7.1f} ms   all "
+                + " ".join(f"{d * 1000:.0f}" for d in sorted(delays))
             )
     finally:
         fleet.stop()

@@ -490,6 +490,8 @@ class JobService:
             job.preemptions += 1
             job.move_to(JobState.QUEUED)
             self._changed(wake=True)
+        elif code is None and not killed and job.steps_done >= job.steps:
+            self._finish(job, JobState.COMPLETED)  # an adopted process that reached its budget
         elif code is None and not killed:
             self._lose_since_checkpoint(job)  # an adopted process: its fate is unknown
             job.move_to(JobState.QUEUED)
