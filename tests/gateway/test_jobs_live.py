@@ -93,6 +93,29 @@ def test_a_job_runs_on_its_leased_gpu_as_its_own_user_and_completes(jobs_fleet):
     assert [j["id"] for j in listed["jobs"]][-1] == job["id"], "newest last"
 
 
+def test_a_pickled_function_runs_as_a_job(jobs_fleet):
+    import base64
+
+    import cloudpickle
+
+    def train():  # defined here: pickled by value, as a notebook's function is
+        from kernelfleet.jobs.sdk import current_job
+
+        job = current_job()
+        for step in range(job.steps):
+            job.report(step + 1)
+        return f"trained {job.steps} steps as {job.id}"
+
+    function = base64.b64encode(cloudpickle.dumps(train)).decode()
+    body = {"function": function, "gpus": 2, "steps": 7}
+    job = jobs_fleet.api("POST", "/api/fleet/jobs", body, expect=201)
+    done = wait_state(jobs_fleet, job["id"], {"completed", "failed"})
+    assert done["state"] == "completed", done
+    assert done["steps_done"] == 7
+    wait_for(lambda: job_state(jobs_fleet, job["id"])["log_tail"], 10, "the log tail")
+    assert job_state(jobs_fleet, job["id"])["log_tail"] == [f"trained 7 steps as {job['id']}"]
+
+
 def test_a_crashing_job_fails_with_its_log_tail(jobs_fleet):
     fleet = jobs_fleet
     job = fleet.api(
