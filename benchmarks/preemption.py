@@ -11,7 +11,8 @@ each:
 - ``idle``: no job; the GPU is free;
 - ``job (pickle checkpoint)``: a job runs on the GPU; it checkpoints a small dict (pickled) and
   exits when SIGTERM comes, so the cell waits for SIGTERM, the checkpoint and the exit;
-- ``job (torch checkpoint)``: the same with a torch model and optimiser (``torch.save``).
+- ``job (torch checkpoint)``: the same with a torch model and optimiser (``torch.save``);
+- ``job (torch, job.exit)``: the same, leaving with ``job.exit(0)`` (no interpreter teardown).
 
 Between two preempting cells the job is started again by the next round. Prints the figures
 (median and max per case) and the grace period they stay under; nothing is asserted.
@@ -60,6 +61,8 @@ for step in range(start, job.steps):
                              "step": step + 1})
         sys.exit(0)
 """
+
+TORCH_JOB_EXIT = TORCH_JOB.replace("        sys.exit(0)", "        job.exit(0)")
 
 CELL = "%%gpus 1\nimport time\nprint(time.time())"
 
@@ -116,6 +119,7 @@ async def main() -> None:
             "idle": None,
             "job (pickle checkpoint)": PICKLE_JOB,
             "job (torch checkpoint)": TORCH_JOB,
+            "job (torch, job.exit)": TORCH_JOB_EXIT,
         }
         print(f"cell start delay, {args.rounds} cells per case (grace {args.grace:g} s):")
         for name, job in cases.items():

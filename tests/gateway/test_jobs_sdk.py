@@ -54,3 +54,13 @@ def test_reports_to_an_unreachable_gateway_never_raise_and_are_kept(job):
     job.report(4)
     job.flush()
     assert job._pending == {"steps_done": 4, "throughput": 2.0}, "newest values win"
+
+
+def test_exit_ends_the_process_at_once_with_its_code():
+    import subprocess
+    import sys
+
+    code = "from kernelfleet.jobs.sdk import Job\nprint('bye', flush=False)\nJob({}).exit(3)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    assert done.stdout == "bye\n", "its output is flushed first"
