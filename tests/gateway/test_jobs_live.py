@@ -377,3 +377,17 @@ def test_jobs_survive_a_killed_gateway_and_finish(private_fleet):
         assert record["lost_steps"] == 0
         assert record["steps_done"] == 250
         assert record["exit_code"] == 0
+
+
+def test_hosts_advertise_gpu_types_and_jobs_learn_a_throughput_on_each(private_fleet):
+    aware = ("--GatewayApp.job_round_s=1", "--GatewayApp.job_policy=max_min_fairness_perf")
+    fleet = private_fleet(hosts=1, gpus=1, gateway_args=aware)
+    fleet.start_host("host-k80", 1, "--gpu-type", "k80")
+    types = {host["id"]: host["gpus"]["type"] for host in fleet.api("GET", "/api/fleet/hosts")}
+    assert types == {"host-1": "virtual", "host-k80": "k80"}
+    body = {"source": COUNTER, "gpus": 1, "steps": 60}
+    jobs = [fleet.api("POST", "/api/fleet/jobs", body, expect=201)["id"] for _ in range(2)]
+    done = [wait_state(fleet, j, {"completed", "failed"}) for j in jobs]
+    assert [d["state"] for d in done] == ["completed", "completed"]
+    learned = set().union(*(d["throughput"] for d in done))
+    assert learned == {"virtual", "k80"}, "one job ran on each type"
