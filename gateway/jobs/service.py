@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import shutil
 import time
@@ -39,16 +40,12 @@ from typing import Any
 
 from kernelfleet.errors import Conflict, FleetError, InvalidRequest, NotFound
 from kernelfleet.gateway.hosts import HostRecord, HostRegistry
-from kernelfleet.gateway.jobs.planning import (
-    ThroughputMeter,
-    assumed_throughputs,
-    pool_of,
-    snapshot_of,
-)
+from kernelfleet.gateway.jobs.planning import ThroughputMeter, pool_of, snapshot_of
 from kernelfleet.gateway.jobs.records import JobLease, JobRecord, JobState, new_job_id
 from kernelfleet.gateway.jobs.store import JobStore
 from kernelfleet.gateway.jobs.submission import Submission
 from kernelfleet.gateway.jobs.tokens import JobTokens
+from kernelfleet.gateway.jobs.whatif import what_if
 from kernelfleet.gateway.ledger import GpuLedger
 from kernelfleet.protocol import JobEnv
 from kernelfleet.scheduler.jobs.model import RoundPlan
@@ -60,7 +57,6 @@ from kernelfleet.scheduler.jobs.policy import (
     load_job_policy,
 )
 from kernelfleet.scheduler.jobs.rounds import RoundScheduler
-from kernelfleet.scheduler.jobs.simulator import SimulatedJob, StaticThroughput, simulate_jobs
 
 log = logging.getLogger("kernelfleet.gateway.jobs")
 
@@ -234,41 +230,10 @@ class JobService:
         one), with the job simulator, on the GPUs no cell holds now (every GPU of the alive
         hosts when cells hold them all) and the throughputs learned so far. Runs in a thread:
         the LPs must not stall the event loop."""
-        names = policies or [self._policy.name]
-        chosen = [load_job_policy(name) for name in names]  # InvalidRequest for unknown ones
+        chosen = [load_job_policy(name) for name in policies or [self._policy.name]]
         cluster = pool_of(self._pool()) or self._all_gpus()
-        jobs = [
-            SimulatedJob(
-                job_id=job.id,
-                job_type=job.name,
-                scale_factor=job.gpus,
-                total_steps=max(1, job.steps - job.steps_done),
-                arrival_s=0.0,
-                model=StaticThroughput(assumed_throughputs(job.throughput, cluster)),
-                priority_weight=job.weight,
-            )
-            for job in self._jobs.values()
-            if not job.state.finished
-        ]
-        if not jobs or not cluster:
-            empty = {
-                "avg_jct_s": 0.0,
-                "makespan_s": 0.0,
-                "utilisation": 0.0,
-                "jobs": 0,
-                "ftf_rho": {"median": 0.0, "p75": 0.0, "max": 0.0, "unfair_share": 0.0},
-            }
-            return {policy.name: dict(empty) for policy in chosen}
-
-        def run() -> dict[str, dict[str, Any]]:
-            return {
-                policy.name: simulate_jobs(
-                    jobs, cluster, policy, round_s=self.round_s, fallback=self._fallback
-                ).as_document()
-                for policy in chosen
-            }
-
-        return await asyncio.to_thread(run)
+        jobs = [copy.deepcopy(job) for job in self._jobs.values()]  # a stable copy for the thread
+        return await asyncio.to_thread(what_if, jobs, cluster, chosen, self.round_s, self._fallback)
 
     def _all_gpus(self) -> dict[str, int]:
         counts: dict[str, int] = {}
