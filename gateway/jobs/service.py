@@ -441,6 +441,7 @@ class JobService:
     def _ended(self, job: JobRecord, code: int | None, killed: bool) -> None:
         """Its process exited with `code` (None: unknown); decide what the job is now."""
         host = job.lease.host if job.lease is not None else None
+        self._unlinked.discard(job.id)
         self._end_run(job)
         job.exit_code = code
         reason, job.stop_reason = job.stop_reason, None
@@ -500,11 +501,17 @@ class JobService:
         job.run_since = time.monotonic()
         self._meters.setdefault(job.id, ThroughputMeter()).started(job.steps_done)
         log.info("job %s re-linked on host %s", job.id, job.lease.host)
+        reason, job.stop_reason = job.stop_reason, None
+        if reason is not None:  # the previous gateway was stopping it: finish what it began
+            self._later(self._stop(job, reason))
 
     def _give_up_unlinked(self) -> None:
         if not self._unlinked or time.monotonic() - self._restored_at < self.relink_grace:
             return
         for job_id in sorted(self._unlinked):
+            if self._jobs[job_id].state is not JobState.RUNNING:
+                self._unlinked.discard(job_id)
+                continue
             self._lost(self._jobs[job_id], f"its host did not report it within "
                        f"{self.relink_grace:g} s of the restart")  # fmt: skip
 
