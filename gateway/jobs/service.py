@@ -275,6 +275,24 @@ class JobService:
                 self._ended(job, code if isinstance(code, int) else None, False)
             elif seen is None and (restarted or job.id in self._unlinked):
                 self._lost(job, f"host {host.id} no longer runs it")
+        for job_id, seen in reported.items():
+            known = self._jobs.get(job_id)
+            if (
+                seen.get("state") == "running"
+                and job_id not in self._stops
+                and (known is None or known.lease is None or known.lease.host != host.id)
+            ):
+                self._later(self._stop_stray(host, job_id))
+
+    async def _stop_stray(self, host: HostRecord, job_id: str) -> None:
+        """A job process its host runs that the job table does not place there (its host was
+        taken for lost while its agent restarted, say, and the job resumed elsewhere): stop it
+        and have the agent forget it, so no two processes of one job write its checkpoints."""
+        log.warning("host %s runs job %s, which is not placed there: stopping it", host.id,
+                    job_id)  # fmt: skip
+        with contextlib.suppress(FleetError):
+            await host.client.stop_job(job_id, self.grace)
+            await host.client.forget_job(job_id)
 
     def on_host_lost(self, host: HostRecord) -> None:
         for job in list(self._jobs.values()):

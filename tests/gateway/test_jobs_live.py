@@ -391,3 +391,24 @@ def test_hosts_advertise_gpu_types_and_jobs_learn_a_throughput_on_each(private_f
     assert [d["state"] for d in done] == ["completed", "completed"]
     learned = set().union(*(d["throughput"] for d in done))
     assert learned == {"virtual", "k80"}, "one job ran on each type"
+
+
+@pytest.mark.slow
+def test_a_restarted_agent_adopts_its_job_and_the_gateway_keeps_one_run_of_it(private_fleet):
+    import os
+    import signal
+
+    fleet = private_fleet(hosts=1, gpus=1, gateway_args=("--GatewayApp.job_round_s=1",))
+    body = {"source": COUNTER, "gpus": 1, "steps": 200, "args": ["0.03"]}
+    job = fleet.api("POST", "/api/fleet/jobs", body, expect=201)["id"]
+    wait_for(lambda: job_state(fleet, job)["steps_done"] > 30, 30, "the job to run")
+    os.killpg(fleet.hosts["host-1"].pid, signal.SIGKILL)  # the agent alone: its job runs on
+    fleet.hosts["host-1"].wait(10)
+    fleet.start_host("host-1", 1)
+    done = wait_state(fleet, job, {"completed", "failed"}, timeout=60)
+    assert done["state"] == "completed", done
+    assert "adopted" in fleet.log("host-1")
+    # the agent's loss was seen at once (its link closed): the job resumed, and the process the
+    # restarted agent adopted was stopped as a stray, so one run of the job went on
+    assert "not placed there: stopping it" in fleet.log()
+    assert done["restarts"] == 1
