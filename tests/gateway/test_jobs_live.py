@@ -408,7 +408,8 @@ def test_a_restarted_agent_adopts_its_job_and_the_gateway_keeps_one_run_of_it(pr
     done = wait_state(fleet, job, {"completed", "failed"}, timeout=60)
     assert done["state"] == "completed", done
     assert "adopted" in fleet.log("host-1")
-    # the agent's loss was seen at once (its link closed): the job resumed, and the process the
-    # restarted agent adopted was stopped as a stray, so one run of the job went on
+    # the agent's loss was seen at once (its link closed): the job was queued again; the process
+    # the restarted agent adopted was stopped as a stray (until then the agent refuses a second
+    # run of the job), so one run of the job went on
     assert "not placed there: stopping it" in fleet.log()
-    assert done["restarts"] == 1
+    assert done["restarts"] >= 1
