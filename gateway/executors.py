@@ -110,6 +110,7 @@ class ExecutorChooser:
         self._waiting: list[_Waiter] = []
         """Cells waiting for GPUs, in arrival order (what "ahead of you" counts)."""
         self._jobs: JobPreemption | None = None
+        self._preempting: set[asyncio.Task[None]] = set()
 
     def preempt_jobs_with(self, jobs: JobPreemption) -> None:
         """From now on, a cell that takes devices lent to background jobs has `jobs` stop them
@@ -145,9 +146,11 @@ class ExecutorChooser:
         )
         self._committed(commitment)
         if commitment.preempted and self._jobs is not None:  # its first cell cannot wait here
-            asyncio.get_running_loop().create_task(
+            stopping = asyncio.get_running_loop().create_task(
                 self._jobs.preempt(commitment.preempted, f"kernel {kernel.id} reserved its GPUs")
             )
+            self._preempting.add(stopping)
+            stopping.add_done_callback(self._preempting.discard)
 
     async def assign(self, kernel: KernelRecord, cell: Cell) -> Assignment:
         """Choose the replica and GPUs of `cell`; waits while the policy says to wait."""
