@@ -53,6 +53,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "kernelfleet.tools": (*SHARED, "kernelfleet.client"),
     # clients and glue
     "kernelfleet.client": SHARED,
+    "kernelfleet.jobs": (*SHARED, "kernelfleet.kernels.objectstore"),  # the job-process SDK
     "kernelfleet.web": SHARED,
     "kernelfleet.replay": (*SHARED, "kernelfleet.scheduler"),
     "kernelfleet.cli": (),
