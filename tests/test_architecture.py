@@ -47,12 +47,13 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     ),
     "kernelfleet.kernels.replica": (*SHARED, "kernelfleet.raft", "kernelfleet.kernels.objectstore"),
     "kernelfleet.kernels.objectstore": SHARED,
-    "kernelfleet.kernels.magics": (*SHARED, "kernelfleet.client"),
+    "kernelfleet.kernels.magics": (*SHARED, "kernelfleet.client", "kernelfleet.jobs"),
     "kernelfleet.extension": (*SHARED, "kernelfleet.client"),
     # what runs inside a notebook
     "kernelfleet.tools": (*SHARED, "kernelfleet.client"),
     # clients and glue
     "kernelfleet.client": SHARED,
+    "kernelfleet.jobs": (*SHARED, "kernelfleet.client"),  # the notebook's job library
     "kernelfleet.web": SHARED,
     "kernelfleet.replay": (*SHARED, "kernelfleet.scheduler"),
     "kernelfleet.cli": (),
