@@ -3,12 +3,15 @@ gateway. (Against a live gateway and real jobs: tests/jobs/test_live.py.)"""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
 from kernelfleet.client import NotAFleetKernel
+from kernelfleet.kernels.magics import views
 from kernelfleet.kernels.magics.parsing import parse
 from kernelfleet.kernels.magics.schedule import ScheduleMagics, schedule_parser, split_script_args
 
@@ -134,3 +137,36 @@ def test_a_script_name_is_a_file_or_a_function_of_the_notebook(shell, tmp_path, 
     refused = shell.run_cell("%schedule submit fit --gpus 1 --steps 1 -- x").error_in_exec
     assert isinstance(refused, UsageError)
     assert "fit is a function: it takes no arguments after --" in str(refused)
+
+
+# ---- %fleet's lines about jobs -----------------------------------------------------------------
+
+
+def test_fleet_policy_has_a_jobs_line_and_hosts_say_which_devices_are_lent():
+    fleet = {"policy": "notebookos", "jobs": {"queued": 1, "running": 2, "gpus_lent": 3}}
+    assert re.search(
+        r"background jobs +1 queued, 2 running, 3 GPUs lent", repr(views.policy_view(fleet))
+    )
+    assert "background jobs" not in repr(views.policy_view({"policy": "notebookos"}))
+    as_map = {
+        "total": 4,
+        "committed": 1,
+        "lent_to_job": {"0": None, "1": "job-a", "2": "job-a", "3": "job-b"},
+    }
+    as_list = {
+        "total": 2,
+        "devices": [{"id": "0", "lent_to_job": None}, {"id": "1", "lent_to_job": "job-c"}],
+    }
+    none_lent = {"total": 1, "lent_to_job": {"0": None}}
+    hosts = [
+        {"id": "host-1", "state": "alive", "gpus": as_map},
+        {"id": "host-2", "state": "alive", "gpus": as_list},
+        {"id": "host-3", "state": "alive", "gpus": none_lent},
+    ]
+    lines = repr(views.hosts_view(hosts)).splitlines()
+    assert lines[1].endswith("lent to jobs")
+    assert lines[2].endswith("1, 2 → job-a; 3 → job-b")
+    assert lines[3].endswith("1 → job-c")
+    assert lines[4].endswith("-")
+    older = [{"id": "host-1", "state": "alive", "gpus": {"total": 2, "devices": ["0", "1"]}}]
+    assert "lent" not in repr(views.hosts_view(older))
