@@ -416,3 +416,61 @@ def test_panel_says_the_kernel_is_degraded_and_why(
         user.shot("degraded")
 
     browse(lab, steps)
+
+
+JOB_SCRIPT = """\
+import os, time
+from kernelfleet.jobs.sdk import current_job
+
+job = current_job()
+step = 0
+while not job.should_stop:
+    time.sleep(0.05)
+    step += 1
+    job.report(step, throughput=20.0)
+"""
+
+
+def test_panel_shows_a_running_job_and_the_gpus_lent_to_it(
+    private_fleet: Callable[..., Fleet], start_lab: Callable[..., Lab]
+) -> None:
+    """A notebook submits a job with ``%schedule``: the panel's Jobs section shows it running
+    with its progress and lease, the host's device grid marks its GPU as lent, and the status
+    bar counts the kernel's job."""
+    fleet = private_fleet(hosts=1, gpus=2, replicas=1)
+    lab = start_lab(fleet)
+
+    def steps(user: Browser) -> None:
+        expect = user.expect
+        notebook = user.new_notebook()
+        user.status.click()
+        expect(user.panel).to_be_visible()
+        user.run(notebook, f"open('train.py', 'w').write({JOB_SCRIPT!r})")
+        user.run(notebook, "%schedule submit train.py --gpus 1 --steps 3000 --name resnet")
+        output = notebook.locator(".jp-OutputArea-output").last
+        expect(output).to_contain_text("submitted job-", timeout=30_000)
+        (job,) = fleet.api("GET", "/api/fleet/jobs")["jobs"]
+        item = user.panel.locator(".jp-KernelfleetPanel-job", has_text=job["id"])
+        expect(item.locator(".jp-KernelfleetPanel-state")).to_have_text("running", timeout=30_000)
+        expect(item).to_contain_text("resnet")
+        expect(item).to_contain_text("this kernel")
+        expect(item).to_contain_text(re.compile(r"[1-9]\d* / 3000 steps"), timeout=15_000)
+        lease = fleet.api("GET", f"/api/fleet/jobs/{job['id']}")["lease"]
+        expect(item).to_contain_text(f"1 GPU · {lease['host']} [{lease['devices'][0]}]")
+        lent = user.panel.locator(
+            ".jp-KernelfleetPanel-hosts .jp-KernelfleetPanel-device.jp-mod-job"
+        )
+        expect(lent).to_have_count(1, timeout=15_000)
+        assert lent.get_attribute("title") == f"device {lease['devices'][0]}: lent to {job['id']}"
+        expect(user.panel.locator(".jp-KernelfleetPanel-jobsline")).to_contain_text(
+            "1 running · 1 GPU lent"
+        )
+        expect(user.status).to_have_text("no GPU · 1 job")
+        assert_inside_the_panel(user, user.panel.locator(".jp-KernelfleetPanel-hosts tbody tr"))
+        user.shot("jobs")
+        fleet.api("DELETE", f"/api/fleet/jobs/{job['id']}")
+        expect(item.locator(".jp-KernelfleetPanel-state")).to_have_text(
+            re.compile("stopping|cancelled"), timeout=30_000
+        )
+
+    browse(lab, steps)
