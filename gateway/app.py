@@ -29,6 +29,9 @@ from kernelfleet.gateway.events import EventBus
 from kernelfleet.gateway.handlers import routes
 from kernelfleet.gateway.host_provider import LocalProcessHostProvider
 from kernelfleet.gateway.hosts import HostRegistry
+from kernelfleet.gateway.jobs.service import JobService
+from kernelfleet.gateway.jobs.store import JobStore
+from kernelfleet.gateway.jobs.tokens import JobTokens
 from kernelfleet.gateway.kernel_service import KernelService
 from kernelfleet.gateway.kernel_tokens import KernelTokens
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
@@ -75,6 +78,7 @@ class GatewayApp(Application):
     hosts: HostRegistry
     kernels: KernelService
     kernelspecs: KernelSpecCatalog
+    jobs: JobService
     autoscaler: Autoscaler | None = None
 
     ip = Unicode(
@@ -185,6 +189,22 @@ class GatewayApp(Application):
         1.05, config=True, help="Hosts wanted: ceil(demand GPUs * headroom / host size) + buffer."
     )
     autoscale_buffer_hosts = Int(1, config=True, help="Idle hosts kept beyond the demand.")
+    job_policy = Unicode(
+        "max_min_fairness",
+        config=True,
+        help="The policy that shares idle GPUs among background jobs (entry point in "
+        "kernelfleet.job_policies; PUT /api/fleet/jobs/policy changes it, and jobs.json keeps "
+        "the change).",
+    )
+    job_round_s = Float(
+        360.0, config=True, help="Seconds of a job scheduling round (Gavel's rounds: 6 min)."
+    )
+    job_stop_grace = Float(
+        30.0,
+        config=True,
+        help="Seconds a background job gets to checkpoint and exit after SIGTERM (when a cell "
+        "takes its GPUs, or the scheduler moves it) before it is killed.",
+    )
     validate_events = Bool(
         config=True,
         help="Check every fleet event against its jupyter_events schema as it is published "
@@ -236,7 +256,7 @@ class GatewayApp(Application):
             raise TraitError(f"gpu_kernelspecs must be positive GPU counts, not {counts}")
         return sorted(set(counts))
 
-    @validate("ratio_window", "usage_sample_interval", "autoscale_interval")
+    @validate("ratio_window", "usage_sample_interval", "autoscale_interval", "job_round_s")
     def _check_positive(self, proposal: dict) -> float:
         if proposal["value"] <= 0:
             raise TraitError(f"{proposal['trait'].name} must be > 0, not {proposal['value']}")
@@ -255,6 +275,7 @@ class GatewayApp(Application):
         self.init_state_dir()
         self.init_services()
         self.init_kernels()
+        self.init_jobs()
         self.init_webapp()
 
     def init_logging(self) -> None:
@@ -337,6 +358,27 @@ class GatewayApp(Application):
             self.log.critical("%s", e)
             self.exit(2)
 
+    def init_jobs(self) -> None:
+        """The jobs service over the kernels' GPU ledger, with the jobs a previous gateway left
+        (exit 2, naming the file, if they cannot be read); cells preempt its jobs."""
+        try:
+            self.jobs = JobService(
+                self.hosts,
+                self.kernels.ledger,
+                JobStore(self.state_dir),
+                JobTokens(self.token),
+                policy=self.job_policy,
+                round_s=self.job_round_s,
+                grace=self.job_stop_grace,
+                checkpoint_root=self.object_store_root,
+                relink_grace=self.recovery_grace,
+            )
+            self.jobs.restore()
+        except (FleetError, StateUnreadable) as e:
+            self.log.critical("%s", e)
+            self.exit(2)
+        self.kernels.preempt_jobs_with(self.jobs)
+
     def _largest_host_gpus(self) -> int:
         """GPUs of the largest host a cell could run on now, or that the autoscaler could add."""
         return self.kernels.snapshot().host_size
@@ -356,6 +398,7 @@ class GatewayApp(Application):
             token=self.token,
             kernel_token_check=self.kernels.kernel_of_token,
             kernel_service=self.kernels,
+            job_service=self.jobs,
             host_registry=self.hosts,
             kernelspecs=self.kernelspecs,
             events=self.events,
@@ -395,6 +438,7 @@ class GatewayApp(Application):
         sampler = asyncio.create_task(self._sample_usage(stop))
         recovery = asyncio.create_task(self.kernels.recover(grace=self.recovery_grace))
         objects_gc = asyncio.create_task(self._objects_collector().run())
+        job_rounds = asyncio.create_task(self.jobs.run(stop))
         scaling = None
         if provider is not None:
             self.autoscaler = self._autoscaler(provider)
@@ -407,6 +451,7 @@ class GatewayApp(Application):
         sampler.cancel()
         recovery.cancel()
         objects_gc.cancel()
+        job_rounds.cancel()
         if scaling is not None:
             scaling.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -60,6 +60,14 @@ class KernelOps(Protocol):
     async def release_memory(self, kernel_id: str, replica_id: str) -> None: ...
 
 
+class JobPreemption(Protocol):
+    """What the chooser needs from the jobs service (`kernelfleet.gateway.jobs`): cells first."""
+
+    async def preempt(self, job_ids: tuple[str, ...], why: str) -> None:
+        """Stop those jobs (SIGTERM, grace, SIGKILL) and requeue them; returns once their
+        processes exited, so the devices a cell took from them are free."""
+
+
 @dataclass(eq=False)
 class _Waiter:
     """A cell waiting for GPUs: what it needs, where it could run (its live replicas' hosts,
@@ -101,6 +109,12 @@ class ExecutorChooser:
         self._events = events or EventBus()
         self._waiting: list[_Waiter] = []
         """Cells waiting for GPUs, in arrival order (what "ahead of you" counts)."""
+        self._jobs: JobPreemption | None = None
+
+    def preempt_jobs_with(self, jobs: JobPreemption) -> None:
+        """From now on, a cell that takes devices lent to background jobs has `jobs` stop them
+        before it starts."""
+        self._jobs = jobs
 
     def capacity_changed(self) -> None:
         """GPUs were released or hosts changed: waiting cells ask the policy again, oldest
@@ -130,6 +144,10 @@ class ExecutorChooser:
             replica.host_id, kernel.id, replica.id, SESSION, kernel.gpus
         )
         self._committed(commitment)
+        if commitment.preempted and self._jobs is not None:  # its first cell cannot wait here
+            asyncio.get_running_loop().create_task(
+                self._jobs.preempt(commitment.preempted, f"kernel {kernel.id} reserved its GPUs")
+            )
 
     async def assign(self, kernel: KernelRecord, cell: Cell) -> Assignment:
         """Choose the replica and GPUs of `cell`; waits while the policy says to wait."""
@@ -201,6 +219,8 @@ class ExecutorChooser:
             self._stop_waiting(waiter)
             cell.waited = waited_text(time.monotonic() - waiter.since, gpus, cell.ahead or 0)
             cell.say(f"kernelfleet: {cell.waited}")
+        if commitment.preempted and self._jobs is not None:
+            await self._jobs.preempt(commitment.preempted, f"cell {cell.id} needs its GPUs")
         await self._displace(commitment)
         if self.per_session:  # held until the kernel goes
             return Assignment(replica.id, commitment.device_ids)

@@ -81,6 +81,10 @@ class HostRecord:
     instance: str | None = None
     state: HostState = HostState.ALIVE
     last_seen: float = 0.0
+    gpu_type: str = "none"
+    """The type its GPUs are, as its agent advertises it (job schedulers group GPUs by it)."""
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    """The background job processes its agent runs or saw exit (`kernels.agent.jobs`)."""
     isolation: dict[str, str] | None = None
     """Which user its kernels run as, as the agent reports it (`parse_isolation`); None: it
     did not say."""
@@ -154,6 +158,7 @@ class HostRegistry:
         self._token = token
         self._heartbeat_timeout = heartbeat_timeout
         self._listener: HostListener | None = None
+        self._observers: list[HostListener] = []
         self._hosts: dict[str, HostRecord] = {}
         self._watchers: list[Callable[[], None]] = []
         self._refused: set[tuple[str, str]] = set()
@@ -171,6 +176,11 @@ class HostRegistry:
         when it is built, before any host can report)."""
         self._listener = listener
 
+    def observe(self, observer: HostListener) -> None:
+        """Also send every later report and loss to `observer`, after the listener (the jobs
+        service: the listener has updated the GPU ledger by then)."""
+        self._observers.append(observer)
+
     def report(self, host_id: str, body: dict[str, Any], now: float) -> HostRecord:
         """Record a heartbeat (the first one registers the host), then tell the listener
         (`HostListener.on_report`)."""
@@ -185,6 +195,9 @@ class HostRegistry:
         if not isinstance(gpus, list) or not isinstance(replicas, list):
             raise InvalidRequest("'gpus' and 'replicas' must be lists")
         isolation = parse_isolation(body.get("isolation"))
+        gpu_type, jobs = body.get("gpu_type", "none"), body.get("jobs", [])
+        if not isinstance(gpu_type, str) or not gpu_type or not isinstance(jobs, list):
+            raise InvalidRequest("'gpu_type' must be a non-empty string and 'jobs' a list")
         instance = body.get("instance")
         host = self._hosts.get(host_id)
         if host is not None:
@@ -209,14 +222,14 @@ class HostRegistry:
                 "host %s restarted (agent instance %s -> %s)", host_id, host.instance, instance
             )
         host.gpus, host.replicas, host.instance, host.last_seen = gpus, replicas, instance, now
-        host.isolation = isolation
+        host.isolation, host.gpu_type, host.jobs = isolation, gpu_type, jobs
         if new or returned:
             data = {"address": address, "gpus": len(gpus), "returned": returned}
             self._events.publish(EventType.HOST_ADDED, data, host_id=host_id)
         if restarted:
             host.link = None  # the old agent's link, if it still seems open, is not its
-        if self._listener is not None:
-            self._listener.on_host_report(host, restarted)
+        for listener in self._listeners():
+            listener.on_host_report(host, restarted)
         if new or returned:
             for callback in self._watchers:
                 callback()
@@ -331,8 +344,11 @@ class HostRegistry:
             host.lost_why = why
             host.move_to(HostState.LOST)
             self._events.publish(EventType.HOST_LOST, {"why": why}, host_id=host.id)
-        if self._listener is not None:
-            self._listener.on_host_lost(host)
+        for listener in self._listeners():
+            listener.on_host_lost(host)
+
+    def _listeners(self) -> list[HostListener]:
+        return [*([self._listener] if self._listener is not None else []), *self._observers]
 
     def get(self, host_id: str) -> HostRecord:
         try:

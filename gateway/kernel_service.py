@@ -43,7 +43,7 @@ from kernelfleet.gateway.background import Background
 from kernelfleet.gateway.channels import ClientLink, Deliver, OnClosed
 from kernelfleet.gateway.event_schemas import EventType
 from kernelfleet.gateway.events import EventBus
-from kernelfleet.gateway.executors import ExecutorChooser
+from kernelfleet.gateway.executors import ExecutorChooser, JobPreemption
 from kernelfleet.gateway.fleet_view import FleetView, HostGrowth
 from kernelfleet.gateway.groups import GroupKeeper
 from kernelfleet.gateway.hosts import HostRegistry
@@ -131,6 +131,10 @@ class KernelService:
 
     def _ledger_breached(self, breach: str) -> None:
         self.metrics.ledger_breaches.inc()
+
+    def preempt_jobs_with(self, jobs: JobPreemption) -> None:
+        """Cells first: a cell that takes GPUs lent to background jobs has `jobs` stop them."""
+        self._chooser.preempt_jobs_with(jobs)
 
     # ---- queries ---------------------------------------------------------------------------
 

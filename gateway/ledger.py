@@ -10,6 +10,11 @@ Three layers per host, as NotebookOS keeps them (docs/notebookos.md):
 - **bindings** ("committed"): device ids bound exclusively to one cell of one replica. A replica
   holds at most one binding, and only on the host of its claim.
 
+Devices no cell holds may be **lent** to background jobs (`kernelfleet.gateway.jobs`): a loan is
+not a binding, cells first. Cells and their policies see lent devices as free; `commit` prefers
+devices not lent, and when it takes lent ones it ends their loans and names the jobs in
+`Commitment.preempted`, which the caller stops before the cell starts.
+
 Besides, the ledger remembers which replica's memory may still be **warm** on a free device (it
 was bound there and has not offloaded since); `commit` prefers a replica's own warm devices and
 says whose warm memory it displaces, so the caller can have that replica offload first.
@@ -74,6 +79,8 @@ class _Host:
     devices: tuple[str, ...]
     vanished: set[str] = field(default_factory=set)
     warm: dict[str, ReplicaKey] = field(default_factory=dict)
+    lent: dict[str, str] = field(default_factory=dict)
+    """Device -> the job it is lent to."""
 
 
 def _mutates(
@@ -142,6 +149,7 @@ class GpuLedger:
         newly_vanished = tuple(sorted(bound - set(devices) - host.vanished))
         host.vanished = bound - set(devices)
         host.warm = {d: owner for d, owner in host.warm.items() if d in devices}
+        host.lent = {d: job for d, job in host.lent.items() if d in devices}
         return newly_vanished
 
     @_mutates
@@ -243,18 +251,19 @@ class GpuLedger:
                 f"the cell needs {gpus}"
             )
 
-        def preference(device: str) -> int:
+        def preference(device: str) -> tuple[bool, int]:
             owner = host.warm.get(device)
-            return 0 if owner == key else 1 if owner is None else 2
+            return device in host.lent, 0 if owner == key else 1 if owner is None else 2
 
         chosen = sorted(free, key=preference)[:gpus]  # sorted() is stable: host order within
+        preempted = tuple(sorted({host.lent.pop(d) for d in chosen if d in host.lent}))
         displaced = sorted({host.warm[d] for d in chosen if host.warm.get(d, key) != key})
         moved = any(owner == key and d not in chosen for d, owner in host.warm.items())
         self._forget_warm(key)
         host.warm.update((device, key) for device in chosen)
         binding = Binding(host_id, kernel_id, replica_id, cell_id, tuple(chosen))
         self._bindings[key] = binding
-        return Commitment(binding, tuple(displaced), moved)
+        return Commitment(binding, tuple(displaced), moved, preempted)
 
     @_mutates
     def release(
@@ -290,6 +299,57 @@ class GpuLedger:
         """The replica offloaded its device memory: it is warm nowhere any more."""
         self._forget_warm((kernel_id, replica_id))
 
+    # ---- loans to background jobs ----------------------------------------------------------
+
+    def lendable(self, host_id: str) -> tuple[str, ...]:
+        """The host's devices no cell holds and no job has borrowed, in the host's order."""
+        host = self._host(host_id)
+        bound = self._bound_devices(host_id)
+        return tuple(d for d in host.devices if d not in bound and d not in host.lent)
+
+    @_mutates
+    def lend(self, host_id: str, device_ids: Iterable[str], job_id: str) -> None:
+        """Lend devices to job `job_id` until `reclaim` (or a cell's `commit`) ends the loan.
+
+        `NotFound` for an unknown host, `Conflict` if a device is not the host's, is bound to a
+        cell or is lent to another job (lending a job its own devices again is a no-op)."""
+        host = self._host(host_id)
+        devices = tuple(device_ids)
+        bound = self._bound_devices(host_id)
+        for device in devices:
+            if device not in host.devices:
+                raise Conflict(f"host {host_id} has no device {device} to lend to job {job_id}")
+            if device in bound:
+                raise Conflict(f"device {device} of host {host_id} is bound to a cell")
+            holder = host.lent.get(device, job_id)
+            if holder != job_id:
+                raise Conflict(f"device {device} of host {host_id} is lent to job {holder}")
+        host.lent.update((device, job_id) for device in devices)
+
+    @_mutates
+    def reclaim(self, job_id: str) -> dict[str, tuple[str, ...]]:
+        """End every loan of `job_id`; returns host -> the devices it had. Idempotent."""
+        ended: dict[str, tuple[str, ...]] = {}
+        for host_id, host in self._hosts.items():
+            devices = tuple(d for d, job in host.lent.items() if job == job_id)
+            for device in devices:
+                del host.lent[device]
+            if devices:
+                ended[host_id] = devices
+        return ended
+
+    def loans(self, job_id: str) -> dict[str, tuple[str, ...]]:
+        """Host -> the devices lent to `job_id` now."""
+        found = {
+            host_id: tuple(d for d in host.devices if host.lent.get(d) == job_id)
+            for host_id, host in self._hosts.items()
+        }
+        return {host_id: devices for host_id, devices in found.items() if devices}
+
+    def lent(self, host_id: str) -> dict[str, str]:
+        """Device -> job of the host's loans."""
+        return dict(self._host(host_id).lent)
+
     def binding(self, kernel_id: str, replica_id: str) -> Binding | None:
         return self._bindings.get((kernel_id, replica_id))
 
@@ -321,6 +381,7 @@ class GpuLedger:
             bound=bound,
             vanished=tuple(sorted(host.vanished)),
             warm=dict(host.warm),
+            lent=dict(host.lent),
         )
 
     def host_snapshot(self, host_id: str, alive: bool = True) -> HostSnapshot:
@@ -406,6 +467,12 @@ class GpuLedger:
                 _require(
                     (host_id, device) in holders,
                     f"device {device} of host {host_id} is listed as vanished but bound to nobody",
+                )
+            for device, job in host.lent.items():
+                _require(
+                    device in host.devices and (host_id, device) not in holders,
+                    f"device {device} of host {host_id} is lent to job {job} but is "
+                    + ("bound to a cell" if device in host.devices else "not in spec"),
                 )
             for device, resident in host.warm.items():
                 _require(

@@ -46,6 +46,9 @@ class Commitment:
     binding: Binding
     displaced: tuple[ReplicaKey, ...] = ()
     moved: bool = False
+    preempted: tuple[str, ...] = ()
+    """Background jobs whose lent devices this binding took (cells first): each must be
+    stopped before the cell starts (`kernelfleet.gateway.jobs`)."""
 
     @property
     def device_ids(self) -> tuple[str, ...]:
@@ -63,6 +66,8 @@ class HostGpuView:
     bound: dict[str, Binding]
     vanished: tuple[str, ...]
     warm: dict[str, ReplicaKey]
+    lent: dict[str, str] | None = None
+    """Device -> the background job it is lent to (devices no cell holds)."""
 
     @property
     def total(self) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 from kernelfleet import __version__
 from kernelfleet.gateway.event_schemas import EventType
 from kernelfleet.gateway.hosts import ISOLATION_KERNEL_USERS
+from kernelfleet.gateway.openapi_jobs import job_paths, job_schemas
 
 _INT = {"type": "integer", "minimum": 0}
 _STRINGS = {"type": "array", "items": {"type": "string"}}
@@ -115,6 +116,7 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "The alive hosts' GPUs, summed.",
             },
             "kernels": _INT,
+            "jobs": _ref("JobsSummary"),
             "autoscaling": {
                 **_object(
                     {
@@ -164,6 +166,14 @@ _SCHEMAS: dict[str, Any] = {
                         "description": "Devices no longer reported that running cells hold.",
                     },
                     "over_committed": {"type": "boolean"},
+                    "type": {"type": "string", "description": "The GPU type it advertises."},
+                    "devices": {
+                        "type": "array",
+                        "items": _object(
+                            {"id": {"type": "string"}, "lent_to_job": _NULLABLE_STRING}
+                        ),
+                        "description": "Its devices; `lent_to_job`: the job it is lent to.",
+                    },
                 }
             ),
             "isolation": {
@@ -183,8 +193,10 @@ _SCHEMAS: dict[str, Any] = {
                 "gpus": {"type": "array", "items": {"type": "object"}},
                 "replicas": {"type": "array", "items": {"type": "object"}},
                 "isolation": {**_ISOLATION, "nullable": True},
+                "gpu_type": {"type": "string", "minLength": 1},
+                "jobs": {"type": "array", "items": {"type": "object"}},
             },
-            optional=("id", "instance", "gpus", "replicas", "isolation"),
+            optional=("id", "instance", "gpus", "replicas", "isolation", "gpu_type", "jobs"),
         ),
         "additionalProperties": True,
     },
@@ -559,6 +571,9 @@ _PATHS: dict[str, Any] = {
         },
     },
 }
+
+_SCHEMAS.update(job_schemas())
+_PATHS.update(job_paths(_AUTH_ERRORS))
 
 _SPEC: dict[str, Any] = {
     "openapi": "3.0.3",

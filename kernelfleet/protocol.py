@@ -386,3 +386,29 @@ class ReplicaEnv(enum.StrEnum):
 KERNEL_TOKEN_PREFIX = "kfk1"
 """A kernel-scoped token reads ``kfk1.<kernel id>.<mac>`` (`kernelfleet.gateway.kernel_tokens`
 issues and verifies them); servers tell it from their fleet token by this prefix."""
+
+
+JOB_TOKEN_PREFIX = "kfj1"
+"""A job-scoped token reads ``kfj1.<job id>.<mac>``: it reports the progress of that one job
+(``POST /api/fleet/jobs/{id}/progress``) and nothing else (`kernelfleet.gateway.jobs.tokens`)."""
+
+
+class JobEnv(enum.StrEnum):
+    """Environment variables of a background job's process (docs/jobs.md): the gateway chooses
+    them, the host agent sets them, `kernelfleet.jobs.sdk` reads them."""
+
+    JOB_ID = "KERNELFLEET_JOB_ID"
+    """The job's id (``job-<8 hex>``)."""
+
+    JOB_TOKEN = "KERNELFLEET_JOB_TOKEN"
+    """The job-scoped token (`JOB_TOKEN_PREFIX`): it reports this job's progress only."""
+
+    GATEWAY_URL = "KERNELFLEET_GATEWAY_URL"
+    """The gateway's base URL as the job's host agent reaches it."""
+
+    STEPS = "KERNELFLEET_JOB_STEPS"
+    """The job's step budget: it is complete once it reached it."""
+
+    CHECKPOINT = "KERNELFLEET_JOB_CHECKPOINT"
+    """The job's checkpoint folder in the object store (``<root>/job-<id>``): the job saves
+    there and resumes from there; it outlives the job's process until the job ends."""

@@ -53,7 +53,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "kernelfleet.tools": (*SHARED, "kernelfleet.client"),
     # clients and glue
     "kernelfleet.client": SHARED,
-    "kernelfleet.jobs": (*SHARED, "kernelfleet.client"),  # the notebook's job library
+    # the notebook's job library (over the client) and the job-process SDK (checkpoints)
+    "kernelfleet.jobs": (*SHARED, "kernelfleet.client", "kernelfleet.kernels.objectstore"),
     "kernelfleet.web": SHARED,
     "kernelfleet.replay": (*SHARED, "kernelfleet.scheduler"),
     "kernelfleet.cli": (),

@@ -14,6 +14,7 @@ from kernelfleet.gateway.handlers.fleet import (
     ReplicaMigrateHandler,
 )
 from kernelfleet.gateway.handlers.host_link import HostLinkHandler
+from kernelfleet.gateway.handlers.jobs import job_routes
 from kernelfleet.gateway.handlers.jupyter import (
     KernelActionHandler,
     KernelHandler,
@@ -54,6 +55,7 @@ def routes() -> list[tuple[str, type]]:
             rf"/api/fleet/kernels/{_KERNEL_ID}/replicas/(?P<replica_id>[\w.-]+)/migrate/?",
             ReplicaMigrateHandler,
         ),
+        *job_routes(),
         (r"/metrics", MetricsHandler),
         (r".*", NotFoundHandler),
     ]

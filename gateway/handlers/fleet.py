@@ -37,6 +37,8 @@ def host_models(handler: GatewayHandler) -> dict[str, dict[str, Any]]:
                 "subscribed": views[host.id].gpus_subscribed,
                 "committed": views[host.id].gpus_committed,
                 **vanished_gpus(handler, host.id),
+                "type": host.gpu_type,
+                "devices": device_models(handler, host.id),
             },
             "isolation": host.isolation,
         }
@@ -50,6 +52,16 @@ def vanished_gpus(handler: GatewayHandler, host_id: str) -> dict[str, Any]:
     ledger = handler.kernels.ledger
     vanished = list(ledger.view(host_id).vanished) if host_id in ledger.hosts() else []
     return {"vanished": vanished, "over_committed": bool(vanished)}
+
+
+def device_models(handler: GatewayHandler, host_id: str) -> list[dict[str, Any]]:
+    """The host's devices, each with the background job it is lent to (``lent_to_job``: a job
+    id, or null)."""
+    ledger = handler.kernels.ledger
+    if host_id not in ledger.hosts():
+        return []
+    lent = ledger.lent(host_id)
+    return [{"id": d, "lent_to_job": lent.get(d)} for d in ledger.view(host_id).device_ids]
 
 
 def fleet_model(handler: GatewayHandler) -> dict[str, Any]:
@@ -72,6 +84,7 @@ def fleet_model(handler: GatewayHandler) -> dict[str, Any]:
             for field in ("total", "subscribed", "committed")
         },
         "kernels": len(handler.kernels.all()),
+        "jobs": handler.settings["job_service"].summary(),
         "autoscaling": handler.settings.get("autoscaling", lambda: None)(),
     }
 

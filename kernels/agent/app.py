@@ -56,12 +56,14 @@ from traitlets.config import Application, catch_config_error
 from kernelfleet import __version__
 from kernelfleet.kernels.agent.gpus import (
     INVENTORY_KINDS,
+    VIRTUAL_GPU_TYPE,
     GpuInventory,
     GpuUnavailable,
     make_inventory,
 )
 from kernelfleet.kernels.agent.handlers import handlers
 from kernelfleet.kernels.agent.heartbeat import GatewayHeartbeat, GatewayLink
+from kernelfleet.kernels.agent.jobs import JobTable
 from kernelfleet.kernels.agent.kernel_process import KernelUser, choose_isolation
 from kernelfleet.kernels.agent.replicas import ID_PATTERN, ReplicaTable
 from kernelfleet.privileges import mark_non_dumpable
@@ -123,6 +125,7 @@ class HostAgentApp(Application):
         "token": "HostAgentApp.token",
         "gpus": "HostAgentApp.gpus",
         "gpu-inventory": "HostAgentApp.gpu_inventory",
+        "gpu-type": "HostAgentApp.gpu_type",
         "state-dir": "HostAgentApp.state_dir",
         "host-id": "HostAgentApp.host_id",
         "ip": "HostAgentApp.ip",
@@ -169,6 +172,18 @@ class HostAgentApp(Application):
         default_value="auto",
         help="Where the GPUs come from: 'nvml' (real, required), 'virtual' (the --gpus count) "
         "or 'auto' (virtual if --gpus is set, else NVML if it works, else none).",
+    ).tag(config=True)
+
+    gpu_type = Unicode(
+        help="The GPU type this host advertises for virtual GPUs (job schedulers group GPUs "
+        "by type, so a heterogeneous fleet can run here). Real GPUs advertise their NVML name. "
+        "Default: $KERNELFLEET_GPU_TYPE, else 'virtual'.",
+    ).tag(config=True)
+
+    job_stop_timeout = Float(
+        10.0,
+        help="Seconds each background job gets to stop (SIGTERM, then SIGKILL) when the agent "
+        "exits.",
     ).tag(config=True)
 
     state_dir = Unicode(
@@ -281,6 +296,10 @@ class HostAgentApp(Application):
     def _gpus_default(self) -> int | None:
         value: int | None = _env_number("KERNELFLEET_GPUS", int, None)
         return value
+
+    @default("gpu_type")
+    def _gpu_type_default(self) -> str:
+        return _env("KERNELFLEET_GPU_TYPE") or VIRTUAL_GPU_TYPE
 
     @default("state_dir")
     def _state_dir_default(self) -> str:
@@ -438,7 +457,7 @@ class HostAgentApp(Application):
     def init_inventory(self) -> None:
         try:
             self.inventory: GpuInventory = make_inventory(
-                self.gpu_inventory, self.gpus, self.host_id
+                self.gpu_inventory, self.gpus, self.host_id, self.gpu_type
             )
         except (ValueError, GpuUnavailable) as e:
             raise TraitError(str(e)) from e
@@ -470,12 +489,16 @@ class HostAgentApp(Application):
             keep_logs_for=max(0.0, self.replica_logs_kept_days) * 86400,
         )
         self.replicas.remove_stale_folders()
+        self.jobs = JobTable(
+            self.state_path, self.isolation, self.gateway_url, self._on_replicas_changed
+        )
 
     def init_webapp(self) -> None:
         self.web_app = web.Application(
             handlers(),
             token=self.token,
             replicas=self.replicas,
+            jobs=self.jobs,
             host_report=self.host_report,
             log_function=log_request,
         )
@@ -515,7 +538,9 @@ class HostAgentApp(Application):
             "instance": self.instance_id,
             "address": self.address,
             "gpus": [gpu.to_dict() for gpu in self.inventory.devices()],
+            "gpu_type": self.inventory.gpu_type,
             "replicas": self.replicas.models(),
+            "jobs": self.jobs.models(),
             "isolation": self.isolation.model(),
         }
 
@@ -546,6 +571,9 @@ class HostAgentApp(Application):
             self.state_path,
             self.gateway_url or "(none)",
         )
+        adopted = self.jobs.adopt()
+        if adopted:
+            self.log.info("jobs of the previous agent found again: %s", ", ".join(adopted))
         watcher = asyncio.create_task(self.replicas.watch())
         beats = asyncio.create_task(self.heartbeat.run()) if self.heartbeat else None
         linking = asyncio.create_task(self.link.run()) if self.link else None
@@ -563,7 +591,10 @@ class HostAgentApp(Application):
             linking.cancel()
         server.stop()
         watcher.cancel()
-        await self.replicas.stop_all(grace=self.shutdown_timeout)
+        await asyncio.gather(
+            self.replicas.stop_all(grace=self.shutdown_timeout),
+            self.jobs.stop_all(grace=self.job_stop_timeout),
+        )
         tasks = [task for task in (beats, linking) if task is not None]
         await asyncio.gather(watcher, *tasks, return_exceptions=True)
         try:

@@ -130,6 +130,28 @@ class HostAgentClient:
         """Shut a replica down and make the agent forget it."""
         await self._call("DELETE", self._replica_path(replica_id))
 
+    async def start_job(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /api/jobs``: launch a job process (body: the agent's ``JobRequest``)."""
+        result: dict[str, Any] = await self._call("POST", "/api/jobs", body)
+        return result
+
+    async def stop_job(self, job_id: str, grace: float) -> dict[str, Any]:
+        """SIGTERM, `grace` seconds, SIGKILL; returns the job's model once it exited."""
+        path = f"/api/jobs/{quote(job_id, safe='')}/stop"
+        result: dict[str, Any] = await self._call(
+            "POST", path, {"grace": grace}, budget=grace + self.launch_margin
+        )
+        return result
+
+    async def job_log(self, job_id: str, tail: int) -> list[str]:
+        path = f"/api/jobs/{quote(job_id, safe='')}/log?tail={int(tail)}"
+        result: dict[str, Any] = await self._call("GET", path)
+        return list(result.get("lines", []))
+
+    async def forget_job(self, job_id: str) -> None:
+        """Drop an exited job (and its log) from the agent."""
+        await self._call("DELETE", f"/api/jobs/{quote(job_id, safe='')}")
+
     def close(self) -> None:
         """Release the connections; the next call opens new ones."""
         if self._http is not None:

@@ -18,6 +18,8 @@ INVENTORY_KINDS: tuple[str, ...] = ("auto", "nvml", "virtual")
 
 VIRTUAL_GPU_NAME = "kernelfleet virtual GPU"
 VIRTUAL_GPU_MEMORY_MIB = 16384
+VIRTUAL_GPU_TYPE = "virtual"
+"""The GPU type virtual GPUs advertise unless the agent is given one (``--gpu-type``)."""
 
 
 class GpuUnavailable(RuntimeError):
@@ -54,6 +56,13 @@ class GpuInventory(ABC):
 
     kind: str = "abstract"
 
+    @property
+    def gpu_type(self) -> str:
+        """The type the host advertises for its GPUs (what job schedulers group GPUs by): the
+        first device's NVML name for real GPUs; ``"none"`` for a host without GPUs."""
+        devices = self.devices()
+        return devices[0].name if devices else "none"
+
     @abstractmethod
     def devices(self) -> list[GpuDevice]:
         """The host's GPUs, ordered by index."""
@@ -74,7 +83,9 @@ class VirtualInventory(GpuInventory):
         *,
         name: str = VIRTUAL_GPU_NAME,
         memory_total_mib: int = VIRTUAL_GPU_MEMORY_MIB,
+        gpu_type: str = VIRTUAL_GPU_TYPE,
     ) -> None:
+        self._gpu_type = gpu_type
         if count < 0:
             raise ValueError(f"a virtual GPU count cannot be negative (got {count})")
         self._devices = [
@@ -90,6 +101,11 @@ class VirtualInventory(GpuInventory):
 
     def devices(self) -> list[GpuDevice]:
         return list(self._devices)
+
+    @property
+    def gpu_type(self) -> str:
+        """The configured type (``--gpu-type``), so a fleet of virtual GPUs can be mixed."""
+        return self._gpu_type
 
 
 class NvmlInventory(GpuInventory):
@@ -140,10 +156,13 @@ def _read_nvml_devices() -> list[GpuDevice]:
         pynvml.nvmlShutdown()
 
 
-def make_inventory(kind: str, virtual_count: int | None, host_id: str) -> GpuInventory:
+def make_inventory(
+    kind: str, virtual_count: int | None, host_id: str, gpu_type: str = VIRTUAL_GPU_TYPE
+) -> GpuInventory:
     """Build the inventory the agent's configuration asks for.
 
-    - ``virtual_count`` set (with kind ``auto`` or ``virtual``): that many virtual GPUs.
+    - ``virtual_count`` set (with kind ``auto`` or ``virtual``): that many virtual GPUs, of
+      type `gpu_type`.
     - ``"virtual"`` without a count: no GPUs.
     - ``"nvml"``: the real GPUs; raises ``GpuUnavailable`` if NVML does not work here.
     - ``"auto"`` without a count: the real GPUs if NVML initialises, otherwise no GPUs, with one
@@ -160,7 +179,7 @@ def make_inventory(kind: str, virtual_count: int | None, host_id: str) -> GpuInv
             raise ValueError("a virtual GPU count cannot be combined with the 'nvml' inventory")
         return NvmlInventory()
     if kind == "virtual" or virtual_count is not None:
-        return VirtualInventory(virtual_count or 0, host_id)
+        return VirtualInventory(virtual_count or 0, host_id, gpu_type=gpu_type)
     try:
         return NvmlInventory()
     except GpuUnavailable as e:

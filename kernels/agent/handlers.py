@@ -10,6 +10,12 @@
     POST   /api/replicas/{id}/interrupt       204
     POST   /api/replicas/{id}/restart         200 replica model, once ready again
     DELETE /api/replicas/{id}                 204
+    GET    /api/jobs                          [job model, ...]
+    POST   /api/jobs                          201 job model, once launched (body: `JobRequest`)
+    GET    /api/jobs/{id}                     job model
+    GET    /api/jobs/{id}/log?tail=N          {"id", "lines"}: the end of its stdout+stderr
+    POST   /api/jobs/{id}/stop                job model, once it exited (body: {"grace": s})
+    DELETE /api/jobs/{id}                     204: forget an exited job and its folder
 
 Handlers only translate: they parse, call the ``ReplicaTable`` / ``HostReport`` in the
 application settings, and raise domain errors that ``ApiHandler`` maps to status codes.
@@ -20,10 +26,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kernelfleet.errors import InvalidRequest
+from kernelfleet.kernels.agent.jobs import JobRequest, JobTable
 from kernelfleet.kernels.agent.replicas import ReplicaRequest, ReplicaTable, parse_timeout
 from kernelfleet.web import ApiHandler, NotFoundHandler
 
 _ID = r"(?P<replica_id>[^/]+)"
+_JOB = r"(?P<job_id>[^/]+)"
 
 
 class AgentHandler(ApiHandler):
@@ -77,6 +86,48 @@ class RestartHandler(AgentHandler):
         self.write_json(replica.model())
 
 
+class JobsHandlerBase(AgentHandler):
+    @property
+    def jobs(self) -> JobTable:
+        table: JobTable = self.settings["jobs"]
+        return table
+
+
+class JobsHandler(JobsHandlerBase):
+    def get(self) -> None:
+        self.write_json(self.jobs.models())
+
+    async def post(self) -> None:
+        job = await self.jobs.start(JobRequest.from_json(self.json_body()))
+        self.write_json(job.model(), status=201)
+
+
+class JobHandler(JobsHandlerBase):
+    def get(self, job_id: str) -> None:
+        self.write_json(self.jobs.get(job_id).model())
+
+    def delete(self, job_id: str) -> None:
+        self.jobs.forget(job_id)
+        self.set_status(204)
+        self.finish()
+
+
+class JobLogHandler(JobsHandlerBase):
+    def get(self, job_id: str) -> None:
+        try:
+            tail = int(self.get_argument("tail", "100"))
+        except ValueError:
+            raise InvalidRequest("'tail' must be a number of lines") from None
+        self.write_json({"id": job_id, "lines": self.jobs.get(job_id).log_tail(max(tail, 0))})
+
+
+class JobStopHandler(JobsHandlerBase):
+    async def post(self, job_id: str) -> None:
+        grace = parse_timeout(self.json_body().get("grace"), "grace")
+        job = await self.jobs.stop(job_id, 30.0 if grace is None else grace)
+        self.write_json(job.model())
+
+
 def handlers() -> list[tuple[str, type[ApiHandler]]]:
     """The URL table of the host agent API."""
     return [
@@ -85,5 +136,9 @@ def handlers() -> list[tuple[str, type[ApiHandler]]]:
         (rf"/api/replicas/{_ID}", ReplicaHandler),
         (rf"/api/replicas/{_ID}/interrupt", InterruptHandler),
         (rf"/api/replicas/{_ID}/restart", RestartHandler),
+        (r"/api/jobs", JobsHandler),
+        (rf"/api/jobs/{_JOB}", JobHandler),
+        (rf"/api/jobs/{_JOB}/log", JobLogHandler),
+        (rf"/api/jobs/{_JOB}/stop", JobStopHandler),
         (r".*", NotFoundHandler),
     ]
