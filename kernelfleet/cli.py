@@ -23,6 +23,10 @@ class KernelfleetApp(Application):
             "Start the gateway (the Jupyter gateway API and the fleet admin API).",
         ),
         "simulate": ("kernelfleet.scheduler.simulator.app.SimulateApp", "Simulate a trace."),
+        "simulate-jobs": (
+            "kernelfleet.scheduler.jobs.app.SimulateJobsApp",
+            "Simulate a job trace.",
+        ),
         "replay": (
             "kernelfleet.replay.app.ReplayApp",
             "Replay a trace against a live gateway, as a population of notebook users.",
