@@ -99,21 +99,34 @@ export function preemptionsText(job: IJob): string {
   return `${count(job.preemptions, 'preemption')}${lost}`;
 }
 
-/** What each of a host's devices is used for now: a cell's, lent to a job, or free. */
+/** What each of a host's devices is used for now: a cell's, lent to a job, free; `other` when
+ * the gateway does not say which devices cells hold (only how many), and the device is not lent. */
 export interface IDeviceUse {
   id: string;
-  use: 'cell' | 'job' | 'free';
+  use: 'cell' | 'job' | 'free' | 'other';
   job: string | null;
 }
 
 /** The host's devices with their use, in the host's order; empty from an older gateway. */
 export function deviceUses(host: IHostModel): IDeviceUse[] {
-  const committed = host.gpus.committed_devices ?? {};
+  const committed = host.gpus.committed_devices;
   const lent = host.gpus.lent_to_job ?? {};
   return (host.gpus.devices ?? []).map(entry => {
     const id = typeof entry === 'string' ? entry : entry.id;
     const job = (typeof entry === 'string' ? null : entry.lent_to_job) ?? lent[id] ?? null;
-    const use = id in committed ? 'cell' : job ? 'job' : 'free';
+    const use =
+      committed && id in committed ? 'cell' : job ? 'job' : committed ? 'free' : 'other';
     return { id, use, job };
   });
+}
+
+/** A device's tooltip: "device 1: lent to job-1a2b3c4d". */
+export function deviceTitle(device: IDeviceUse): string {
+  const what = {
+    cell: 'bound to a cell',
+    job: `lent to ${device.job}`,
+    free: 'free',
+    other: 'not lent to a job'
+  }[device.use];
+  return `device ${device.id}: ${what}`;
 }

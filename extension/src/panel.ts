@@ -15,6 +15,7 @@ import {
   cellText,
   count,
   degradedText,
+  deviceTitle,
   deviceUses,
   gpus,
   gpusHeldText,
@@ -149,7 +150,7 @@ function fleetSection(fleet: IFleetModel, autoscalerEvent: string | null): HTMLE
     table(['host', 'state', 'GPUs'], hosts, 'jp-KernelfleetPanel-hosts'),
     note('GPUs: committed (bound to running cells) / subscribed (replicas placed) / total',
       'jp-KernelfleetPanel-legend'),
-    jobs ? deviceLegend() : null,
+    deviceLegend(fleet.hosts),
     jobs
       ? note(`Jobs: ${jobs.queued} queued · ${jobs.running} running · ${gpus(jobs.gpus_lent)} lent`,
           'jp-KernelfleetPanel-jobsline')
@@ -166,18 +167,23 @@ function deviceGrid(host: IHostModel): HTMLElement | null {
   }
   return h('span', 'jp-KernelfleetPanel-devices', ...uses.map(device => {
     const square = h('span', `jp-KernelfleetPanel-device jp-mod-${device.use}`);
-    square.title = device.use === 'job' ? `device ${device.id}: lent to ${device.job}`
-      : device.use === 'cell' ? `device ${device.id}: bound to a cell` : `device ${device.id}: free`;
+    square.title = deviceTitle(device);
     square.dataset.device = device.id;
     return square;
   }));
 }
 
-function deviceLegend(): HTMLElement {
-  const key = (use: string, label: string) =>
-    h('span', '', h('span', `jp-KernelfleetPanel-device jp-mod-${use}`), ` ${label} `);
-  return h('p', 'jp-KernelfleetPanel-note jp-KernelfleetPanel-legend',
-    key('cell', 'cell'), key('job', 'lent to a job'), key('free', 'free'));
+/** The squares' key: which uses the hosts' devices show. */
+function deviceLegend(hosts: IHostModel[]): HTMLElement | null {
+  const uses = new Set(hosts.flatMap(host => deviceUses(host).map(device => device.use)));
+  const labels = { cell: 'a cell’s', job: 'lent to a job', free: 'free', other: 'not lent' };
+  const shown = (['cell', 'job', 'free', 'other'] as const).filter(use => uses.has(use));
+  if (!shown.length) {
+    return null;
+  }
+  return h('p', 'jp-KernelfleetPanel-note jp-KernelfleetPanel-legend', 'Devices: ',
+    ...shown.map(use =>
+      h('span', '', h('span', `jp-KernelfleetPanel-device jp-mod-${use}`), ` ${labels[use]} `)));
 }
 
 /** The background jobs: the active ones (this kernel's first), then the last few finished. */

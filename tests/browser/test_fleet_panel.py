@@ -445,7 +445,7 @@ def test_panel_shows_a_running_job_and_the_gpus_lent_to_it(
         notebook = user.new_notebook()
         user.status.click()
         expect(user.panel).to_be_visible()
-        user.run(notebook, f"open('train.py', 'w').write({JOB_SCRIPT!r})")
+        user.run(notebook, f"open('train.py', 'w').write({JOB_SCRIPT!r});")
         user.run(notebook, "%schedule submit train.py --gpus 1 --steps 3000 --name resnet")
         output = notebook.locator(".jp-OutputArea-output").last
         expect(output).to_contain_text("submitted job-", timeout=30_000)

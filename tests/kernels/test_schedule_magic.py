@@ -1,15 +1,18 @@
-"""``%schedule``: its arguments, and what it does in an in-process IPython shell without a
-gateway. (Against a live gateway and real jobs: tests/jobs/test_live.py.)"""
+"""``%schedule``: its arguments, the docs' example, what it does in an in-process IPython shell
+without a gateway, and %fleet's lines about jobs. (Against a live gateway and real jobs:
+tests/jobs/test_live.py.)"""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
+import kernelfleet
 from kernelfleet.client import NotAFleetKernel
 from kernelfleet.kernels.magics import views
 from kernelfleet.kernels.magics.parsing import parse
@@ -170,3 +173,12 @@ def test_fleet_policy_has_a_jobs_line_and_hosts_say_which_devices_are_lent():
     assert lines[4].endswith("-")
     older = [{"id": "host-1", "state": "alive", "gpus": {"total": 2, "devices": ["0", "1"]}}]
     assert "lent" not in repr(views.hosts_view(older))
+
+
+def test_the_docs_worked_example_is_accepted_as_written():
+    docs = (Path(kernelfleet.__file__).resolve().parent.parent / "docs" / "magics.md").read_text()
+    lines = re.findall(r"^In:  %schedule ?(.*)$", docs, re.M)
+    assert len(lines) >= 8
+    for line in lines:
+        own, _ = split_script_args(line)
+        assert parse(schedule_parser(), own) is not None, line
