@@ -176,9 +176,10 @@ class JobsStatus:
 
     def blocks(self) -> list[Block]:
         lent = sum(len(j.lease.devices) for j in self.jobs if j.lease and not j.finished)
+        running = self.count("running", "stopping")
         note = (
-            f"policy {self.policy} · {self.count('queued')} queued, "
-            f"{self.count('running', 'stopping')} running, {lent} GPUs lent"
+            f"policy {self.policy} · {self.count('queued')} queued, {running} running, "
+            f"{lent} GPU{'' if lent == 1 else 's'} lent"
         )
         title = f"{len(self.jobs)} job{'' if len(self.jobs) == 1 else 's'}"
         rows = tuple(job.row() for job in self.jobs)
