@@ -104,7 +104,7 @@ def job_state(admin: JobsClient, job_id: str, *states: str, timeout: float = 60)
 async def test_a_notebook_submits_a_script_and_follows_it_to_the_end(kernel, admin) -> None:
     kernel_id, client = await kernel()
     await write(client, "train.py", TRAIN)
-    submitted = await client.execute("%schedule submit train.py --gpus 1 --steps 200 -- 0.01")
+    submitted = await client.execute("%schedule submit train.py --gpus 1 --steps 200 -- 0.03")
     assert submitted.reply["status"] == "ok", submitted.reply
     said = re.match(r"submitted (job-\S+) \(train\): 1 GPU, 200 steps, (\w+)", submitted.stdout)
     assert said, submitted.stdout
@@ -112,13 +112,12 @@ async def test_a_notebook_submits_a_script_and_follows_it_to_the_end(kernel, adm
     record = admin.job(job_id)
     assert (record.owner_kernel, record.gpus, record.steps) == (kernel_id, 1, 200)
 
-    running = job_state(admin, job_id, "running", "completed")
-    if running.state == "running":
-        shown = text_of(await client.execute("%schedule status"))
-        row = next(line for line in shown.splitlines() if line.startswith(job_id))
-        assert re.search(r"running\s+1\s+\d+%", row), row
-        assert running.lease is not None
-        assert f"{running.lease.host} [" in row
+    running = job_state(admin, job_id, "running")  # 200 steps of 30 ms: 6 s to see it run
+    shown = text_of(await client.execute("%schedule status"))
+    row = next(line for line in shown.splitlines() if line.startswith(job_id))
+    assert re.search(r"running\s+1\s+\d+%", row), row
+    assert running.lease is not None
+    assert f"{running.lease.host} [{running.lease.devices[0]}]" in row
     done = job_state(admin, job_id, "completed")
     assert done.steps_done == 200
     assert done.progress == 1.0
