@@ -184,9 +184,11 @@ class ScheduleMagics(Magics):
             weight=args.weight,
             args=script_args,
         )
+        gpus = f"{job.gpus} GPU{'' if job.gpus == 1 else 's'}"
+        steps = f"{job.steps} step{'' if job.steps == 1 else 's'}"
         print(
-            f"submitted {job.id} ({job.name}): {job.gpus} GPU{'' if job.gpus == 1 else 's'}, "
-            f"{job.steps} steps, {job.state} (%schedule status {job.id} follows it)"
+            f"submitted {job.id} ({job.name}): {gpus}, {steps}, {job.state} "
+            f"(%schedule status {job.id} follows it)"
         )
 
     def _target(self, script: str) -> Any:

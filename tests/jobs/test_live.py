@@ -218,3 +218,17 @@ async def test_fleet_shows_the_jobs_and_the_devices_lent_to_them(kernel, admin, 
         assert row.endswith(f"{', '.join(running.lease.devices)} → {job_id}"), row
     finally:
         admin.cancel(job_id)
+
+
+async def test_a_notebooks_function_runs_as_a_job(kernel, admin) -> None:
+    _, client = await kernel()
+    defined = await client.execute(
+        "greeting = 'hello'\ndef greet():\n    print(greeting, 'from the notebook')"
+    )
+    assert defined.reply["status"] == "ok", defined.reply
+    submitted = await client.execute("%schedule submit greet --gpus 1 --steps 1")
+    said = re.match(r"submitted (job-\S+) \(greet\): 1 GPU, 1 step,", submitted.stdout)
+    assert said, submitted.stdout
+    done = job_state(admin, said.group(1), "completed", "failed")
+    assert done.state == "completed", done.error
+    assert "hello from the notebook" in admin.logs(done.id).lines
