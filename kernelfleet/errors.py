@@ -38,12 +38,6 @@ class Conflict(FleetError):
     reason = "conflict"
 
 
-class Forbidden(FleetError):
-    """The caller's token may not do this to that object (another kernel's job, say)."""
-
-    reason = "forbidden"
-
-
 class NoCapacity(FleetError):
     """No host can take what is asked for, now or ever."""
 

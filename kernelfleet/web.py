@@ -30,7 +30,6 @@ from tornado.log import access_log, app_log
 from kernelfleet.errors import (
     Conflict,
     FleetError,
-    Forbidden,
     GpusUnavailable,
     HostUnavailable,
     InvalidRequest,
@@ -48,7 +47,6 @@ STATUS_FOR_ERROR: dict[type[FleetError], int] = {
     NotFound: 404,
     InvalidRequest: 400,
     Conflict: 409,
-    Forbidden: 403,
     NoCapacity: 503,
     KernelStartFailed: 500,
     HostUnavailable: 502,

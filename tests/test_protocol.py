@@ -21,6 +21,7 @@ from kernelfleet.protocol import (
     ConnectionInfo,
     ErrorName,
     ForgetContent,
+    JobEnv,
     JoinContent,
     MembershipContent,
     ReplicaEnv,
@@ -76,6 +77,13 @@ WIRE: dict[type[enum.StrEnum], dict[str, str]] = {
         "GATEWAY_URL": "KERNELFLEET_GATEWAY_URL",
         "KERNEL_TOKEN": "KERNELFLEET_KERNEL_TOKEN",
         "LOG_LEVEL": "KERNELFLEET_REPLICA_LOG_LEVEL",
+    },
+    JobEnv: {
+        "JOB_ID": "KERNELFLEET_JOB_ID",
+        "JOB_TOKEN": "KERNELFLEET_JOB_TOKEN",
+        "GATEWAY_URL": "KERNELFLEET_GATEWAY_URL",
+        "STEPS": "KERNELFLEET_JOB_STEPS",
+        "CHECKPOINT": "KERNELFLEET_JOB_CHECKPOINT",
     },
 }
 

@@ -43,8 +43,15 @@ class JobHandler(JobsBase):
         self.write_json(self.jobs.get(job_id).model())
 
     async def delete(self, job_id: str) -> None:
-        job = await self.jobs.cancel(job_id, self.kernel_principal)
-        self.write_json(job.model())
+        owner, caller = self.jobs.get(job_id).owner_kernel, self.kernel_principal
+        if caller is not None and owner != caller:
+            submitter = f"kernel {owner}" if owner else "the fleet token"
+            raise web.HTTPError(
+                403,
+                f"job {job_id} was submitted by {submitter}; kernel {caller}'s token "
+                "cancels only its own kernel's jobs",
+            )
+        self.write_json((await self.jobs.cancel(job_id)).model())
 
 
 class JobLogsHandler(JobsBase):

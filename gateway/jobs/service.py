@@ -37,7 +37,7 @@ from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
-from kernelfleet.errors import Conflict, FleetError, Forbidden, InvalidRequest, NotFound
+from kernelfleet.errors import Conflict, FleetError, InvalidRequest, NotFound
 from kernelfleet.gateway.hosts import HostRecord, HostRegistry
 from kernelfleet.gateway.jobs.planning import (
     ThroughputMeter,
@@ -172,15 +172,10 @@ class JobService:
         self._changed(wake=True)
         return job
 
-    async def cancel(self, job_id: str, principal: str | None) -> JobRecord:
-        """Cancel a job (stop it first if it runs); `Forbidden` for another kernel's job."""
+    async def cancel(self, job_id: str) -> JobRecord:
+        """Cancel a job (stopped first if it runs: SIGTERM, grace, SIGKILL); answers once it is
+        cancelled. Who may is the handler's business (`JobRecord.owner_kernel`)."""
         job = self.get(job_id)
-        if principal is not None and job.owner_kernel != principal:
-            raise Forbidden(
-                f"job {job_id} was submitted by "
-                f"{'kernel ' + job.owner_kernel if job.owner_kernel else 'the fleet token'}; "
-                f"kernel {principal}'s token may cancel only its own jobs"
-            )
         if job.state.finished:
             return job
         if job.state is JobState.QUEUED:
@@ -354,8 +349,11 @@ class JobService:
             self._wake.clear()
 
     async def schedule_round(self) -> None:
-        """One round (see the module docstring)."""
+        """One round (see the module docstring). None while jobs of a previous gateway wait
+        to be re-linked: their devices look free until their hosts report them."""
         self._give_up_unlinked()
+        if self._unlinked:
+            return
         now = time.monotonic()
         if self._plan is not None:
             ran = {job_id: self._ran.get(job_id, 0.0) for job_id in self._plan.leases}
@@ -492,6 +490,8 @@ class JobService:
             job.preemptions += 1
             job.move_to(JobState.QUEUED)
             self._changed(wake=True)
+        elif code is None and not killed and job.steps_done >= job.steps:
+            self._finish(job, JobState.COMPLETED)  # an adopted process that reached its budget
         elif code is None and not killed:
             self._lose_since_checkpoint(job)  # an adopted process: its fate is unknown
             job.move_to(JobState.QUEUED)

@@ -175,6 +175,7 @@ class JobTable:
         old = self._jobs.get(request.job_id)
         if old is not None and not old.exited:
             raise Conflict(f"job {request.job_id} already runs on this host (pid {old.pid})")
+        self._jobs.pop(request.job_id, None)  # an exited run: a late forget must not hit this one
         owner = self.isolation.owner(request.job_id)
         folder = self.jobs_dir / request.job_id
         folders = ReplicaFolders(folder, owner)

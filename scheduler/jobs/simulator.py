@@ -242,98 +242,149 @@ def simulate_jobs(
         raise SimulationError("the cluster has no GPUs")
     pending = sorted(jobs, key=lambda job: job.arrival_s)
     _check_runnable(pending, cluster)
-    gpu_types = tuple(cluster)
-    total_gpus = sum(cluster.values())
-    aware = getattr(policy, "heterogeneity_aware", True)
-    rounds = RoundScheduler(
-        shuffle=None if aware else random.Random(seed + 5),
-        fill_idle=getattr(policy, "fills_idle_gpus", True),
-    )
-    active: dict[str, _Running] = {}
-    finished: list[_Running] = []
-    count = len(pending)
-    now = pending[0].arrival_s if pending else 0.0
-    start = now
-    allocation: Allocation | None = None
-    allocated_at = -math.inf
-    changed = True
-    busy_gpu_s = 0.0
-    busy_history: list[tuple[float, int]] = []
-    fallbacks: list[str] = []
-    solver_s = 0.0
-    allocations = 0
-    round_count = 0
-    queue = list(reversed(pending))
+    run = _Simulation(cluster, policy, fallback, round_s, seed, reallocation_interval_s)
+    return run.through(pending, progress)
 
-    def reallocate(snapshot: JobsSnapshot) -> Allocation:
-        nonlocal solver_s, allocations
-        began = time.perf_counter()
-        if fallback is None:
-            result = policy.allocate(snapshot)
-        else:
-            decision = decide(policy, fallback, snapshot)
-            if decision.fallback_reason is not None:
-                fallbacks.append(f"t={snapshot.now_s:.0f}s: {decision.fallback_reason}")
-            result = decision.allocation
-        solver_s += time.perf_counter() - began
-        allocations += 1
-        return result
 
-    while queue or active:
-        while queue and queue[-1].arrival_s <= now:
-            job = queue.pop()
-            active[job.job_id] = _Running(job)
-            changed = True
-        if not active:
-            now = queue[-1].arrival_s
-            continue
-        snapshot = JobsSnapshot(
-            now_s=now,
-            cluster=cluster,
-            jobs=tuple(state.view(now, gpu_types) for state in active.values()),
-            round_s=round_s,
+class _Simulation:
+    """One policy's run: the clock, the jobs in flight, the allocation and the tallies."""
+
+    def __init__(
+        self,
+        cluster: dict[str, int],
+        policy: JobPolicy,
+        fallback: JobPolicy | None,
+        round_s: float,
+        seed: int,
+        reallocation_interval_s: float,
+    ) -> None:
+        self.cluster = cluster
+        self.gpu_types = tuple(cluster)
+        self.policy = policy
+        self.fallback = fallback
+        self.round_s = round_s
+        self.reallocation_interval_s = reallocation_interval_s
+        aware = getattr(policy, "heterogeneity_aware", True)
+        self.rounds = RoundScheduler(
+            shuffle=None if aware else random.Random(seed + 5),
+            fill_idle=getattr(policy, "fills_idle_gpus", True),
         )
-        due = changed and now - allocated_at >= reallocation_interval_s
-        if allocation is None or due or policy.replans_every_round:
-            allocation, allocated_at, changed = reallocate(snapshot), now, False
-        plan = rounds.plan(snapshot, allocation)
-        if not plan.leases and changed:
-            allocation, allocated_at, changed = reallocate(snapshot), now, False
-            plan = rounds.plan(snapshot, allocation)
-        if not plan.leases:
-            if not queue:
-                raise SimulationError(
-                    f"{policy.name}: at {now:.0f} s no job can run and none will arrive "
-                    f"({len(active)} waiting)"
-                )
-            now = max(queue[-1].arrival_s, now)
-            continue
-        length, ran = _run_round(plan, active, now, round_s)
+        self.active: dict[str, _Running] = {}
+        self.finished: list[_Running] = []
+        self.now = 0.0
+        self.allocation: Allocation | None = None
+        self.allocated_at = -math.inf
+        self.jobs_changed = True
+        self.busy_gpu_s = 0.0
+        self.busy_history: list[tuple[float, int]] = []
+        self.fallbacks: list[str] = []
+        self.solver_s = 0.0
+        self.allocations = 0
+        self.round_count = 0
+
+    def through(
+        self, pending: list[SimulatedJob], progress: Callable[[float], None] | None
+    ) -> JobsRunResult:
+        queue = list(reversed(pending))  # next arrival last
+        self.now = start = pending[0].arrival_s if pending else 0.0
+        while queue or self.active:
+            while queue and queue[-1].arrival_s <= self.now:
+                job = queue.pop()
+                self.active[job.job_id] = _Running(job)
+                self.jobs_changed = True
+            if not self.active:
+                self.now = queue[-1].arrival_s
+                continue
+            plan = self.plan_round()
+            if not plan.leases:
+                if not queue:
+                    raise SimulationError(
+                        f"{self.policy.name}: at {self.now:.0f} s no job can run and none will "
+                        f"arrive ({len(self.active)} waiting)"
+                    )
+                self.now = max(queue[-1].arrival_s, self.now)
+                continue
+            self.run_round(plan, start)
+            if progress is not None:
+                progress(len(self.finished) / len(pending))
+        return self.result(start)
+
+    def snapshot(self) -> JobsSnapshot:
+        views = tuple(state.view(self.now, self.gpu_types) for state in self.active.values())
+        return JobsSnapshot(self.now, self.cluster, views, self.round_s)
+
+    def plan_round(self) -> RoundPlan:
+        """Reallocate if due (or if nothing could run on a stale allocation), then plan."""
+        snapshot = self.snapshot()
+        due = self.jobs_changed and self.now - self.allocated_at >= self.reallocation_interval_s
+        if self.allocation is None or due or self.policy.replans_every_round:
+            self.allocation = self.reallocate(snapshot)
+        plan = self.rounds.plan(snapshot, self.allocation)
+        if not plan.leases and self.jobs_changed:
+            self.allocation = self.reallocate(snapshot)
+            plan = self.rounds.plan(snapshot, self.allocation)
+        return plan
+
+    def reallocate(self, snapshot: JobsSnapshot) -> Allocation:
+        began = time.perf_counter()
+        if self.fallback is None:
+            allocation = self.policy.allocate(snapshot)
+        else:
+            decision = decide(self.policy, self.fallback, snapshot)
+            if decision.fallback_reason is not None:
+                self.fallbacks.append(f"t={snapshot.now_s:.0f}s: {decision.fallback_reason}")
+            allocation = decision.allocation
+        self.solver_s += time.perf_counter() - began
+        self.allocations += 1
+        self.allocated_at, self.jobs_changed = self.now, False
+        return allocation
+
+    def run_round(self, plan: RoundPlan, start: float) -> None:
+        """Run the planned jobs; the round ends after ``round_s`` or when the last one
+        finishes, if all do."""
+        ran = {
+            job_id: self.active[job_id].run(lease.gpu_type, self.now, self.round_s)
+            for job_id, lease in plan.leases.items()
+        }
         busy = sum(lease.gpus for lease in plan.leases.values())
-        busy_history.append((now - start, busy))
-        busy_gpu_s += sum(ran[job] * lease.gpus for job, lease in plan.leases.items())
-        rounds.record(plan, ran)
-        round_count += 1
-        now += length
-        for job_id in [job for job, state in active.items() if state.finish_s is not None]:
-            finished.append(active.pop(job_id))
-            rounds.forget(job_id)
-            changed = True
-        if progress is not None:
-            progress(len(finished) / count)
-    return _result(
-        policy.name,
-        finished,
-        start,
-        total_gpus,
-        gpu_types,
-        busy_gpu_s,
-        busy_history,
-        round_count,
-        allocations,
-        solver_s,
-        fallbacks,
-    )
+        self.busy_history.append((self.now - start, busy))
+        self.busy_gpu_s += sum(ran[job] * lease.gpus for job, lease in plan.leases.items())
+        self.rounds.record(plan, ran)
+        self.round_count += 1
+        self.now += max(ran.values(), default=0.0) or self.round_s
+        for job_id in [job for job, state in self.active.items() if state.finish_s is not None]:
+            self.finished.append(self.active.pop(job_id))
+            self.rounds.forget(job_id)
+            self.jobs_changed = True
+
+    def result(self, start: float) -> JobsRunResult:
+        contention = max(1.0, len(self.finished) / sum(self.cluster.values()))
+        outcomes = []
+        for state in self.finished:
+            assert state.finish_s is not None
+            alone = alone_s(state.job, self.gpu_types)
+            jct = state.finish_s - state.job.arrival_s
+            outcomes.append(
+                JobOutcome(
+                    state.job.job_id,
+                    state.job.arrival_s,
+                    state.finish_s,
+                    alone,
+                    jct / (alone * contention),
+                )
+            )
+        return summarise(
+            self.policy.name,
+            outcomes,
+            start,
+            sum(self.cluster.values()),
+            self.busy_gpu_s,
+            busy_history=tuple(self.busy_history),
+            rounds=self.round_count,
+            allocations=self.allocations,
+            solver_s=self.solver_s,
+            fallbacks=tuple(self.fallbacks),
+        )
 
 
 def _check_runnable(jobs: Sequence[SimulatedJob], cluster: Mapping[str, int]) -> None:
@@ -346,18 +397,6 @@ def _check_runnable(jobs: Sequence[SimulatedJob], cluster: Mapping[str, int]) ->
                 f"job {job.job_id} ({job.job_type}, {job.scale_factor} GPU(s)) can run on no "
                 f"GPU type of the cluster {dict(cluster)}"
             )
-
-
-def _run_round(
-    plan: RoundPlan, active: Mapping[str, _Running], now: float, round_s: float
-) -> tuple[float, dict[str, float]]:
-    """Run the planned jobs; the round's length (shorter if all finish early) and each job's
-    seconds of work."""
-    ran = {
-        job_id: active[job_id].run(lease.gpu_type, now, round_s)
-        for job_id, lease in plan.leases.items()
-    }
-    return max(ran.values(), default=0.0) or round_s, ran
 
 
 def alone_s(job: SimulatedJob, gpu_types: Sequence[str]) -> float:
@@ -374,38 +413,18 @@ def alone_s(job: SimulatedJob, gpu_types: Sequence[str]) -> float:
     return seconds
 
 
-def _result(
+def summarise(
     name: str,
-    finished: Sequence[_Running],
+    outcomes: Sequence[JobOutcome],
     start: float,
     total_gpus: int,
-    gpu_types: Sequence[str],
     busy_gpu_s: float,
-    busy_history: Sequence[tuple[float, int]],
-    round_count: int,
-    allocations: int,
-    solver_s: float,
-    fallbacks: Sequence[str],
+    **details: Any,
 ) -> JobsRunResult:
-    contention = max(1.0, len(finished) / total_gpus)
-    outcomes = []
-    for state in finished:
-        assert state.finish_s is not None
-        alone = alone_s(state.job, gpu_types)
-        jct = state.finish_s - state.job.arrival_s
-        outcomes.append(
-            JobOutcome(
-                state.job.job_id,
-                state.job.arrival_s,
-                state.finish_s,
-                alone,
-                jct / (alone * contention),
-            )
-        )
+    """The metrics of the JSON interface from the jobs' outcomes."""
     if not outcomes:
-        return JobsRunResult(name, 0.0, 0.0, 0.0, FtfRho(0.0, 0.0, 0.0, 0.0), 0)
-    end = max(outcome.finish_s for outcome in outcomes)
-    makespan = end - start
+        return JobsRunResult(name, 0.0, 0.0, 0.0, FtfRho(0.0, 0.0, 0.0, 0.0), 0, **details)
+    makespan = max(outcome.finish_s for outcome in outcomes) - start
     rhos = np.array([outcome.rho for outcome in outcomes])
     return JobsRunResult(
         policy=name,
@@ -420,9 +439,5 @@ def _result(
         ),
         jobs=len(outcomes),
         outcomes=tuple(sorted(outcomes, key=lambda outcome: outcome.job_id)),
-        busy_history=tuple(busy_history),
-        rounds=round_count,
-        allocations=allocations,
-        solver_s=solver_s,
-        fallbacks=tuple(fallbacks),
+        **details,
     )

@@ -139,7 +139,9 @@ def test_admin_api_shows_hosts_and_kernel_replicas(fleet):
         fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 
-FLEET_FIELDS = {"version", "policy", "replicas", "hosts", "gpus", "kernels", "autoscaling"}
+FLEET_FIELDS = {
+    "version", "policy", "replicas", "hosts", "gpus", "kernels", "jobs", "autoscaling"
+}  # fmt: skip
 
 
 def test_fleet_summary_names_the_policy_and_counts_the_fleet(fleet):
@@ -177,5 +179,6 @@ def test_fleet_summary_reports_the_configured_policy(private_fleet):
         "hosts": {"alive": 0, "lost": 0},
         "gpus": {"total": 0, "subscribed": 0, "committed": 0},
         "kernels": 0,
+        "jobs": {"queued": 0, "running": 0, "gpus_lent": 0},
         "autoscaling": None,
     }

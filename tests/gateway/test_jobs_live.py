@@ -25,6 +25,18 @@ for step in range(state["step"], job.steps):
 print("done", flush=True)
 """
 
+STUBBORN = """
+import signal, time
+from kernelfleet.jobs.sdk import current_job
+job = current_job()
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # deaf to the stop request
+for step in range(job.steps):
+    time.sleep(0.03)
+    job.report(step + 1)
+    if step + 1 == 5:
+        job.save_checkpoint({"step": 5})
+"""
+
 CRASHER = "print('about to fail', flush=True)\nraise SystemExit('the data set is missing')\n"
 
 
@@ -39,6 +51,12 @@ def jobs_fleet(fleet_factory):
 
 def job_state(fleet, job_id):
     return fleet.api("GET", f"/api/fleet/jobs/{job_id}")
+
+
+def lent_to(fleet):
+    """The jobs the hosts' devices are lent to (None for a device lent to none)."""
+    hosts = fleet.api("GET", "/api/fleet/hosts")
+    return {device["lent_to_job"] for host in hosts for device in host["gpus"]["devices"]}
 
 
 def wait_state(fleet, job_id, states, timeout=30):
@@ -63,6 +81,8 @@ def test_a_job_runs_on_its_leased_gpu_as_its_own_user_and_completes(jobs_fleet):
     assert done["steps_done"] == 30
     assert done["exit_code"] == 0
     assert done["throughput"]["virtual"] > 0, "learned from the job's reports"
+    wait_for(lambda: job_state(fleet, job["id"])["log_tail"], 10, "the log tail, collected")
+    done = job_state(fleet, job["id"])
     devices, uid = done["log_tail"][0].split()[1], int(done["log_tail"][0].split()[3])
     assert devices in ("0", "1")
     assert "done" in done["log_tail"]
@@ -71,6 +91,29 @@ def test_a_job_runs_on_its_leased_gpu_as_its_own_user_and_completes(jobs_fleet):
     listed = fleet.api("GET", "/api/fleet/jobs")
     assert listed["policy"] == "max_min_fairness"
     assert [j["id"] for j in listed["jobs"]][-1] == job["id"], "newest last"
+
+
+def test_a_pickled_function_runs_as_a_job(jobs_fleet):
+    import base64
+
+    import cloudpickle
+
+    def train():  # defined here: pickled by value, as a notebook's function is
+        from kernelfleet.jobs.sdk import current_job
+
+        job = current_job()
+        for step in range(job.steps):
+            job.report(step + 1)
+        return f"trained {job.steps} steps as {job.id}"
+
+    function = base64.b64encode(cloudpickle.dumps(train)).decode()
+    body = {"function": function, "gpus": 2, "steps": 7}
+    job = jobs_fleet.api("POST", "/api/fleet/jobs", body, expect=201)
+    done = wait_state(jobs_fleet, job["id"], {"completed", "failed"})
+    assert done["state"] == "completed", done
+    assert done["steps_done"] == 7
+    wait_for(lambda: job_state(jobs_fleet, job["id"])["log_tail"], 10, "the log tail")
+    assert job_state(jobs_fleet, job["id"])["log_tail"] == [f"trained 7 steps as {job['id']}"]
 
 
 def test_a_crashing_job_fails_with_its_log_tail(jobs_fleet):
@@ -147,6 +190,40 @@ def test_a_kernel_cancels_its_own_jobs_only_and_a_job_token_only_reports(jobs_fl
     finally:
         for kernel_id in kernels:
             fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+def test_a_job_that_ignores_the_stop_request_is_killed_and_its_lost_work_reported(jobs_fleet):
+    fleet = jobs_fleet
+    body = {"source": STUBBORN, "gpus": 1, "steps": 100000}
+    job = fleet.api("POST", "/api/fleet/jobs", body, expect=201)
+    wait_for(
+        lambda: job_state(fleet, job["id"])["steps_done"] > 20, 20, "steps past its checkpoint"
+    )
+    cancelled = fleet.api("DELETE", f"/api/fleet/jobs/{job['id']}")
+    assert cancelled["state"] == "cancelled"
+    assert cancelled["exit_code"] == -9, "killed after the 2 s grace"
+    assert cancelled["lost_steps"] > 15, "the steps since its checkpoint at step 5"
+    assert cancelled["steps_done"] == 5
+
+
+def test_simulate_is_a_what_if_of_the_queue_with_the_learned_throughputs(jobs_fleet):
+    fleet = jobs_fleet
+    body = {"source": COUNTER, "gpus": 1, "steps": 100000, "args": ["0.01"]}
+    job = fleet.api("POST", "/api/fleet/jobs", body, expect=201)
+    wait_for(lambda: job_state(fleet, job["id"])["throughput"], 20, "a learned throughput")
+    rate = job_state(fleet, job["id"])["throughput"]["virtual"]
+    answer = fleet.api(
+        "POST", "/api/fleet/jobs/simulate", {"policies": ["max_min_fairness", "fifo"]}
+    )
+    assert set(answer["policies"]) == {"max_min_fairness", "fifo"}
+    figures = answer["policies"]["fifo"]
+    assert figures["jobs"] == 1
+    left = 100000 - job_state(fleet, job["id"])["steps_done"]
+    assert figures["makespan_s"] == pytest.approx(left / rate, rel=0.5), "at the learned rate"
+    status, error = fleet.request("POST", "/api/fleet/jobs/simulate", {"policies": ["nope"]})
+    assert status == 400
+    assert "nope" in error["message"]
+    fleet.api("DELETE", f"/api/fleet/jobs/{job['id']}")
 
 
 def _kernel_token(fleet, kernel_id):
@@ -243,8 +320,7 @@ async def test_two_jobs_share_the_gpus_a_cell_preempts_one_and_it_resumes_to_the
     wait_for(lambda: all(job_state(fleet, j)["steps_done"] > 20 for j in jobs), 60, "both run")
     leases = [job_state(fleet, j)["lease"]["devices"] for j in jobs]
     assert sorted(leases) == [["0"], ["1"]], "two jobs share the 2 GPUs"
-    lent = fleet.api("GET", "/api/fleet/hosts")[0]["gpus"]["devices"]
-    assert {d["lent_to_job"] for d in lent} == set(jobs)
+    assert lent_to(fleet) == set(jobs)
     assert fleet.api("GET", "/api/fleet")["jobs"] == {"queued": 0, "running": 2, "gpus_lent": 2}
 
     kernel_id = fleet.start_kernel()
@@ -269,3 +345,35 @@ async def test_two_jobs_share_the_gpus_a_cell_preempts_one_and_it_resumes_to_the
     for job_id in jobs:
         lines = fleet.api("GET", f"/api/fleet/jobs/{job_id}/logs?tail=50")["lines"]
         assert final_loss(lines or job_state(fleet, job_id)["log_tail"]) == expected
+
+
+@pytest.mark.slow
+def test_jobs_survive_a_killed_gateway_and_finish(private_fleet):
+    fleet = private_fleet(hosts=1, gpus=2, gateway_args=("--GatewayApp.job_round_s=1",))
+    running = [
+        fleet.api("POST", "/api/fleet/jobs", {"source": COUNTER, "gpus": 1, "steps": 250,
+                                              "args": ["0.03"]}, expect=201)["id"]
+        for _ in range(2)
+    ]  # fmt: skip
+    wait_for(lambda: all(job_state(fleet, j)["steps_done"] > 30 for j in running), 30, "runs")
+    queued = fleet.api("POST", "/api/fleet/jobs", {"source": COUNTER, "gpus": 2, "steps": 20},
+                       expect=201)["id"]  # fmt: skip
+    before = {j: job_state(fleet, j) for j in running}
+    assert job_state(fleet, queued)["state"] == "queued"
+
+    fleet.restart_gateway()  # SIGKILL, then a new gateway on the same state dir and port
+
+    after = {j: job_state(fleet, j) for j in running}
+    for job_id in running:
+        assert after[job_id]["state"] == "running"
+        assert after[job_id]["steps_done"] >= before[job_id]["steps_done"], "progress kept"
+    assert job_state(fleet, queued)["state"] == "queued"
+    wait_for(lambda: bool(lent_to(fleet) & set(running)), 10, "the running jobs to be re-linked")
+    done = [wait_state(fleet, j, {"completed", "failed"}, timeout=60) for j in [*running, queued]]
+    assert [d["state"] for d in done] == ["completed"] * 3, done
+    for record in done[:2]:
+        # the 2-GPU job's turns preempt them (max-min fairness); the gateway's restart did not
+        assert record["restarts"] == record["preemptions"], "re-linked, not restarted"
+        assert record["lost_steps"] == 0
+        assert record["steps_done"] == 250
+        assert record["exit_code"] == 0

@@ -111,6 +111,18 @@ DECISIONS: dict[tuple[str, str], tuple[object, object]] = {
     # a kernel's token reads only its own events (its filter is forced: see the test below)
     (r"/api/fleet/events/?", "GET"): (OK, OK),
     (r"/api/fleet/events/stream", "GET"): (OK, OK),
+    # background jobs: any kernel reads them, submits, sets the policy; cancelling another
+    # kernel's job is refused by the handler (tests/gateway/test_jobs_live.py); only a job's own
+    # token reports its progress
+    (r"/api/fleet/jobs/?", "GET"): (OK, OK),
+    (r"/api/fleet/jobs/?", "POST"): (OK, OK),
+    (r"/api/fleet/jobs/policy/?", "GET"): (OK, OK),
+    (r"/api/fleet/jobs/policy/?", "PUT"): (OK, OK),
+    (r"/api/fleet/jobs/simulate/?", "POST"): (OK, OK),
+    (r"/api/fleet/jobs/(?P<job_id>[\w-]+)/?", "GET"): (OK, OK),
+    (r"/api/fleet/jobs/(?P<job_id>[\w-]+)/?", "DELETE"): (OK, OK),
+    (r"/api/fleet/jobs/(?P<job_id>[\w-]+)/logs/?", "GET"): (OK, OK),
+    (r"/api/fleet/jobs/(?P<job_id>[\w-]+)/progress/?", "POST"): (FORBIDDEN, FORBIDDEN),
     (r"/metrics", "GET"): (FORBIDDEN, FORBIDDEN),
     (r".*", "GET"): (FORBIDDEN, FORBIDDEN),
 }
@@ -148,6 +160,7 @@ def concrete(pattern: str, kernel_id: str, replica_id: str) -> str:
         "name": "python3",
         "filename": "logo-64x64.png",
         "action": "interrupt",
+        "job_id": "job-00000000",
     }
     if pattern == ".*":
         return "/no/such/endpoint"

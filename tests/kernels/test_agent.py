@@ -107,7 +107,9 @@ async def test_registers_and_heartbeats(host_agent: StartAgent) -> None:
             }
             for i in range(2)
         ],
+        "gpu_type": "virtual",
         "replicas": [],
+        "jobs": [],
         "isolation": first.body["isolation"],
     }
     # pytest's folders are 0700: a kernel's own user could not reach this agent's state dir

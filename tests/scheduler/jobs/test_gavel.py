@@ -192,3 +192,40 @@ def test_an_infeasible_makespan_is_a_solver_failure() -> None:
     huge = job("huge", {"g": 1e-9}, total_steps=10**9)
     with pytest.raises(SolverFailed, match="no makespan up to"):
         gavel.MinTotalDurationPerfPolicy().allocate(snapshot({"g": 1}, huge))
+
+
+@pytest.mark.benchmark
+def test_solve_time_per_allocation_vs_jobs() -> None:
+    """Prints each ``_perf`` policy's wall time for one allocation of n jobs (a quarter of n GPUs
+    of each of three types, throughputs drawn from three speed profiles)."""
+    import random
+    import time
+
+    profiles = [(3.0, 2.0, 1.0), (2.0, 1.8, 1.0), (4.0, 1.5, 0.5)]
+    draw = random.Random(0)
+    print("\njobs  " + "  ".join(f"{p.name:>26}" for p in PERF_POLICIES))
+    for n in (32, 128, 256, 512):
+        jobs = [
+            job(
+                f"j{i}",
+                dict(zip(("v100", "p100", "k80"), draw.choice(profiles), strict=True)),
+                scale_factor=draw.choice((1, 1, 1, 2, 4)),
+                total_steps=draw.randrange(10_000, 1_000_000),
+            )
+            for i in range(n)
+        ]
+        state = snapshot({"v100": n // 4, "p100": n // 4, "k80": n // 4}, *jobs)
+        timings = []
+        for policy_class in PERF_POLICIES:
+            started = time.perf_counter()
+            allocation = policy_class().allocate(state)
+            timings.append(time.perf_counter() - started)
+            assert_feasible(allocation, state)
+        print(f"{n:>4}  " + "  ".join(f"{seconds:>25.3f}s" for seconds in timings))
+
+
+PERF_POLICIES = [
+    gavel.MaxMinFairnessPerfPolicy,
+    gavel.FinishTimeFairnessPerfPolicy,
+    gavel.MinTotalDurationPerfPolicy,
+]
