@@ -89,6 +89,12 @@ async def write(client: Any, name: str, source: str) -> None:
     assert reply.reply["status"] == "ok", reply.reply
 
 
+def logged(admin: JobsClient, job_id: str, line: str, timeout: float = 30) -> None:
+    """Wait until `line` is among the job's log lines: the gateway keeps a finished run's log
+    tail a moment after its exit is known."""
+    wait_for(lambda: line in admin.logs(job_id).lines, timeout, f"{line!r} in {job_id}'s log")
+
+
 def job_state(admin: JobsClient, job_id: str, *states: str, timeout: float = 60) -> Any:
     """The job's record once it is in one of `states`."""
     found: list[Any] = []
@@ -124,6 +130,7 @@ async def test_a_notebook_submits_a_script_and_follows_it_to_the_end(kernel, adm
     one = text_of(await client.execute(f"%schedule status {job_id[4:8]}"))  # a short id
     assert f"job {job_id} · train" in one
     assert "100% (200 of 200 steps)" in one
+    logged(admin, job_id, "trained 200 steps")
     logs = await client.execute(f"%schedule logs {job_id} --tail 1")
     assert text_of(logs).strip() == "trained 200 steps"
 
@@ -133,8 +140,9 @@ async def test_a_crashed_jobs_log_tail_reaches_status(kernel, admin) -> None:
     await write(client, "crash.py", CRASH)
     submitted = await client.execute("%schedule submit crash.py --gpus 1 --steps 10 --name boom")
     job_id = re.search(r"submitted (job-\S+)", submitted.stdout).group(1)  # type: ignore[union-attr]
-    failed = job_state(admin, job_id, "failed")
-    assert "ZeroDivisionError" in (failed.error or "")
+    job_state(admin, job_id, "failed")
+    logged(admin, job_id, "ZeroDivisionError: division by zero")  # then the error has the tail
+    assert "ZeroDivisionError" in (admin.job(job_id).error or "")
     shown = text_of(await client.execute("%schedule status"))
     assert f"{job_id} failed:" in shown
     assert "ZeroDivisionError: division by zero" in shown
@@ -195,7 +203,8 @@ def test_the_library_submits_a_function_and_reads_its_output(admin) -> None:
     job = admin.submit(hello, gpus=1, steps=1, name="hello")
     assert job.name == "hello"
     done = job_state(admin, job.id, "completed", "failed")
-    assert "hello from a pickled function" in admin.logs(done.id).lines, admin.logs(done.id)
+    assert done.state == "completed", done.error
+    logged(admin, done.id, "hello from a pickled function")
     with pytest.raises(FleetApiError) as unknown:
         admin.logs("job-ffffffff")
     assert unknown.value.status == 404
@@ -231,4 +240,4 @@ async def test_a_notebooks_function_runs_as_a_job(kernel, admin) -> None:
     assert said, submitted.stdout
     done = job_state(admin, said.group(1), "completed", "failed")
     assert done.state == "completed", done.error
-    assert "hello from the notebook" in admin.logs(done.id).lines
+    logged(admin, done.id, "hello from the notebook")
