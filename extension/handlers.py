@@ -5,7 +5,8 @@ Every route sits behind jupyter_server's own authentication and authorization (r
 browser never sees the gateway token. A browser user sees only the kernels of this
 jupyter_server (those in its kernel manager) and the fleet as a whole.
 
-- ``GET fleet``: ``{"fleet": GET /api/fleet, "hosts": GET /api/fleet/hosts}``.
+- ``GET fleet``: ``{"fleet": GET /api/fleet, "hosts": GET /api/fleet/hosts, "jobs": GET
+  /api/fleet/jobs}`` (``jobs`` null from a gateway without background jobs).
 - ``GET kernels/{id}``: the gateway's kernel model (``GET /api/fleet/kernels/{id}``).
 - ``GET sections?kernel=ID``: installed tools' panel sections (`kernelfleet.extension.sections`).
 - ``GET events?kernel=ID&since=SEQ`` (websocket): `kernelfleet.extension.events`.
@@ -89,12 +90,27 @@ class PanelApiHandler(APIHandler):
 
 
 async def fleet_and_hosts() -> dict[str, Any]:
-    fleet, hosts = await asyncio.gather(get_json("/api/fleet"), get_json("/api/fleet/hosts"))
-    return {"fleet": fleet, "hosts": hosts}
+    fleet, hosts, jobs = await asyncio.gather(
+        get_json("/api/fleet"), get_json("/api/fleet/hosts"), background_jobs()
+    )
+    return {"fleet": fleet, "hosts": hosts, "jobs": jobs}
+
+
+async def background_jobs() -> dict[str, Any] | None:
+    """``GET /api/fleet/jobs`` (the job policy and every job); None from a gateway without
+    background jobs (it answers 404)."""
+    try:
+        jobs: dict[str, Any] = await get_json("/api/fleet/jobs")
+    except GatewayAnswered as error:
+        if error.status == 404:
+            return None
+        raise
+    return jobs
 
 
 class FleetHandler(PanelApiHandler):
-    """``GET fleet``: the fleet summary and every host's GPUs (committed / subscribed / total)."""
+    """``GET fleet``: the fleet summary, every host's GPUs (committed / subscribed / total, and
+    which are lent to jobs) and the background jobs."""
 
     @web.authenticated
     @authorized

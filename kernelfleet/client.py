@@ -155,6 +155,13 @@ class FleetClient:
             query["kernel"] = self.kernel_id
         return self._call("GET", f"/api/fleet/events?{urlencode(query)}")
 
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        """One call of any admin-API route: `method` on `path` (from ``/api/...``, its query
+        included), `body` sent as JSON when not None; returns the decoded JSON answer (None for
+        an empty one). The libraries over other parts of the API (`kernelfleet.jobs`) are
+        built on it; errors are those of every call."""
+        return self._call(method, path, body)
+
     # ---- plumbing --------------------------------------------------------------------------
 
     def _kernel_path(self, suffix: str = "") -> str:

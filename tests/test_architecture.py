@@ -47,13 +47,14 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     ),
     "kernelfleet.kernels.replica": (*SHARED, "kernelfleet.raft", "kernelfleet.kernels.objectstore"),
     "kernelfleet.kernels.objectstore": SHARED,
-    "kernelfleet.kernels.magics": (*SHARED, "kernelfleet.client"),
+    "kernelfleet.kernels.magics": (*SHARED, "kernelfleet.client", "kernelfleet.jobs"),
     "kernelfleet.extension": (*SHARED, "kernelfleet.client"),
     # what runs inside a notebook
     "kernelfleet.tools": (*SHARED, "kernelfleet.client"),
     # clients and glue
     "kernelfleet.client": SHARED,
-    "kernelfleet.jobs": (*SHARED, "kernelfleet.kernels.objectstore"),  # the job-process SDK
+    # the notebook's job library (over the client) and the job-process SDK (checkpoints)
+    "kernelfleet.jobs": (*SHARED, "kernelfleet.client", "kernelfleet.kernels.objectstore"),
     "kernelfleet.web": SHARED,
     "kernelfleet.replay": (*SHARED, "kernelfleet.scheduler"),
     "kernelfleet.cli": (),

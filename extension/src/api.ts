@@ -70,7 +70,51 @@ export interface IWaitingModel {
 export interface IHostModel {
   id: string;
   state: string;
-  gpus: { total: number; subscribed: number; committed: number; over_committed?: boolean };
+  gpus: {
+    total: number;
+    subscribed: number;
+    committed: number;
+    over_committed?: boolean;
+    /** The host's device ids, in its order (absent on older gateways). */
+    devices?: (string | { id: string; lent_to_job?: string | null })[];
+    /** Device -> what the cell bound to it is. */
+    committed_devices?: { [device: string]: unknown };
+    /** Device -> the background job it is lent to, or null. */
+    lent_to_job?: { [device: string]: string | null };
+  };
+}
+
+/** The GPUs a running job holds. */
+export interface IJobLease {
+  host: string;
+  gpu_type: string;
+  devices: string[];
+}
+
+/** A background job, as `GET /api/fleet/jobs` lists it. */
+export interface IJob {
+  id: string;
+  name: string;
+  owner_kernel: string | null;
+  state: string;
+  gpus: number;
+  steps: number;
+  steps_done: number;
+  weight: number;
+  throughput: { [gpuType: string]: number };
+  lease: IJobLease | null;
+  preemptions: number;
+  lost_steps: number;
+  restarts: number;
+  exit_code: number | null;
+  error: string | null;
+  log_tail: string[];
+}
+
+/** `GET /api/fleet/jobs`: the job policy and every job, newest last. */
+export interface IJobsModel {
+  policy: string;
+  jobs: IJob[];
 }
 
 export interface IFleetSummary {
@@ -80,6 +124,8 @@ export interface IFleetSummary {
   hosts: { alive: number; lost: number };
   gpus: { total: number; subscribed: number; committed: number };
   kernels: number;
+  /** The background jobs (absent on gateways without them). */
+  jobs?: { queued: number; running: number; gpus_lent: number };
   autoscaling: {
     min_hosts: number;
     max_hosts: number;
@@ -90,6 +136,8 @@ export interface IFleetSummary {
 export interface IFleetModel {
   fleet: IFleetSummary;
   hosts: IHostModel[];
+  /** Null from a gateway without background jobs. */
+  jobs?: IJobsModel | null;
 }
 
 /** One section of another tool, rendered generically. */

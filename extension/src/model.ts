@@ -13,6 +13,9 @@
  *   the gateway does not know it as a fleet kernel);
  * - `unreachable`: the gateway does not answer (`error` names its URL); recovers by itself;
  * - `ready`: `kernel` and `fleet` are current.
+ *
+ * The fleet includes the background jobs; while one is queued or running the model also
+ * refreshes every few seconds, since a job's progress changes its record without an event.
  */
 import { ISignal, Signal } from '@lumino/signaling';
 
@@ -25,6 +28,7 @@ import {
   getJson
 } from './api';
 import { EventStream } from './events';
+import { isActiveJob } from './format';
 
 export type PanelState = 'no-kernel' | 'not-kernelfleet' | 'unreachable' | 'ready';
 
@@ -41,6 +45,9 @@ const COALESCE_MS = 100;
 /** At most one refresh per this many ms: a kernel running many short cells must not make the
  * panel fetch per cell (what it shows still changes within a second or two). */
 const MIN_REFRESH_INTERVAL_MS = 1000;
+/** While a background job is queued or running, refresh this often: a job's progress reports
+ * change its record without an event. */
+const JOBS_POLL_MS = 5000;
 const KERNEL_EVENTS = new Set([
   'kernel-started', 'kernel-stopped', 'cell-queued', 'cell-waiting', 'cell-started',
   'cell-finished', 'gpus-committed', 'gpus-released', 'replica-lost', 'replica-replaced',
@@ -131,6 +138,7 @@ export class FleetPanelModel {
       }
       this._state = kernelId === null ? 'no-kernel' : 'ready';
       this._error = '';
+      this._pollWhileJobsRun();
     } catch (error) {
       if (kernelId !== this._kernelId) {
         return;
@@ -147,9 +155,23 @@ export class FleetPanelModel {
     this._changed.emit();
   }
 
+  /** This kernel's jobs that are not over (queued, running, stopping). */
+  get activeJobs(): number {
+    const jobs = this._fleet?.jobs?.jobs ?? [];
+    return jobs.filter(job => job.owner_kernel === this._kernelId && isActiveJob(job)).length;
+  }
+
   dispose(): void {
     this._stream.dispose();
     window.clearTimeout(this._timer);
+    window.clearTimeout(this._jobsTimer);
+  }
+
+  private _pollWhileJobsRun(): void {
+    window.clearTimeout(this._jobsTimer);
+    if ((this._fleet?.jobs?.jobs ?? []).some(isActiveJob)) {
+      this._jobsTimer = window.setTimeout(() => this._scheduleRefresh(), JOBS_POLL_MS);
+    }
   }
 
   private _queued(): number {
@@ -231,6 +253,7 @@ export class FleetPanelModel {
   private _autoscalerEvent: string | null = null;
   private _live = false;
   private _timer = 0;
+  private _jobsTimer = 0;
   private _lastRefresh = 0;
   private _changed = new Signal<this, void>(this);
 }

@@ -2,15 +2,30 @@
  * The right-sidebar fleet panel: this notebook's kernel (replicas with host and state, the
  * executor, whether it is degraded and why, GPUs bound now and where, recent cells' start
  * delays and why they waited) and the
- * fleet (hosts' GPUs committed / subscribed / total, the autoscaler's last decision), then the
- * sections of other tools. It renders whatever `FleetPanelModel` holds, whenever it changes.
+ * fleet (hosts' GPUs committed / subscribed / total and each device's use: a cell's, lent to a
+ * background job, or free; the autoscaler's last decision), the background jobs (state, progress,
+ * GPUs and lease, preemptions, a failed job's log tail), then the sections of other tools. It renders whatever `FleetPanelModel` holds, whenever it changes.
  */
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
-import { IFleetModel, IKernelModel, ISection } from './api';
+import { IFleetModel, IHostModel, IJob, IJobsModel, IKernelModel, ISection } from './api';
 import { h, note, section, table } from './dom';
-import { cellText, count, degradedText, gpus, gpusHeldText, waitingText } from './format';
+import {
+  cellText,
+  count,
+  degradedText,
+  deviceTitle,
+  deviceUses,
+  gpus,
+  gpusHeldText,
+  isActiveJob,
+  jobGpusText,
+  jobProgress,
+  jobProgressText,
+  preemptionsText,
+  waitingText
+} from './format';
 import { FleetPanelModel } from './model';
 
 export const fleetIcon = new LabIcon({
@@ -23,6 +38,9 @@ export const fleetIcon = new LabIcon({
 });
 
 const RECENT_CELLS = 5;
+/** Finished jobs shown below the active ones, newest first. */
+const FINISHED_JOBS = 3;
+const LOG_TAIL_LINES = 8;
 
 export class FleetPanel extends Widget {
   constructor(private readonly _model: FleetPanelModel) {
@@ -64,12 +82,14 @@ export class FleetPanel extends Widget {
         return [
           note('Open a notebook to see its kernel on the fleet.'),
           ...(model.fleet ? [fleetSection(model.fleet, model.lastAutoscalerEvent)] : []),
+          ...(model.fleet?.jobs ? [jobsSection(model.fleet.jobs, null)] : []),
           ...model.sections.map(toolSection)
         ];
       case 'ready':
         return [
           ...(model.kernel ? [kernelSection(model.kernel, model)] : []),
           ...(model.fleet ? [fleetSection(model.fleet, model.lastAutoscalerEvent)] : []),
+          ...(model.fleet?.jobs ? [jobsSection(model.fleet.jobs, model.kernelId)] : []),
           ...model.sections.map(toolSection)
         ];
     }
@@ -115,8 +135,10 @@ function fleetSection(fleet: IFleetModel, autoscalerEvent: string | null): HTMLE
   const hosts = fleet.hosts.map(host => [
     host.id,
     h('span', `jp-KernelfleetPanel-state jp-mod-${host.state}`, host.state),
-    `${host.gpus.committed} / ${host.gpus.subscribed} / ${host.gpus.total}`
+    h('span', '', `${host.gpus.committed} / ${host.gpus.subscribed} / ${host.gpus.total}`,
+      deviceGrid(host))
   ]);
+  const jobs = summary.jobs;
   const last = autoscalerEvent ?? summary.autoscaling?.last_round?.decision ?? null;
   const autoscaler = summary.autoscaling
     ? `last decision: ${last ?? 'none yet'}`
@@ -128,8 +150,78 @@ function fleetSection(fleet: IFleetModel, autoscalerEvent: string | null): HTMLE
     table(['host', 'state', 'GPUs'], hosts, 'jp-KernelfleetPanel-hosts'),
     note('GPUs: committed (bound to running cells) / subscribed (replicas placed) / total',
       'jp-KernelfleetPanel-legend'),
+    deviceLegend(fleet.hosts),
+    jobs
+      ? note(`Jobs: ${jobs.queued} queued · ${jobs.running} running · ${gpus(jobs.gpus_lent)} lent`,
+          'jp-KernelfleetPanel-jobsline')
+      : null,
     note(`Autoscaler: ${autoscaler}`, 'jp-KernelfleetPanel-autoscaler')
   );
+}
+
+/** One square per device: a cell's, lent to a job (its id on hover), or free. */
+function deviceGrid(host: IHostModel): HTMLElement | null {
+  const uses = deviceUses(host);
+  if (!uses.length) {
+    return null;
+  }
+  return h('span', 'jp-KernelfleetPanel-devices', ...uses.map(device => {
+    const square = h('span', `jp-KernelfleetPanel-device jp-mod-${device.use}`);
+    square.title = deviceTitle(device);
+    square.dataset.device = device.id;
+    return square;
+  }));
+}
+
+/** The squares' key: which uses the hosts' devices show. */
+function deviceLegend(hosts: IHostModel[]): HTMLElement | null {
+  const uses = new Set(hosts.flatMap(host => deviceUses(host).map(device => device.use)));
+  const labels = { cell: 'a cell’s', job: 'lent to a job', free: 'free', other: 'not lent' };
+  const shown = (['cell', 'job', 'free', 'other'] as const).filter(use => uses.has(use));
+  if (!shown.length) {
+    return null;
+  }
+  return h('p', 'jp-KernelfleetPanel-note jp-KernelfleetPanel-legend', 'Devices: ',
+    ...shown.map(use =>
+      h('span', '', h('span', `jp-KernelfleetPanel-device jp-mod-${use}`), ` ${labels[use]} `)));
+}
+
+/** The background jobs: the active ones (this kernel's first), then the last few finished. */
+function jobsSection(model: IJobsModel, kernelId: string | null): HTMLElement {
+  const newestFirst = [...model.jobs].reverse();
+  const mine = (job: IJob) => (job.owner_kernel !== null && job.owner_kernel === kernelId ? 0 : 1);
+  const active = newestFirst.filter(isActiveJob).sort((a, b) => mine(a) - mine(b));
+  const finished = newestFirst.filter(job => !isActiveJob(job)).slice(0, FINISHED_JOBS);
+  const shown = [...active, ...finished];
+  return section(
+    'Jobs',
+    note(`${model.policy} policy · ${count(active.length, 'active job')}`),
+    shown.length
+      ? h('ul', 'jp-KernelfleetPanel-jobs', ...shown.map(job => jobItem(job, kernelId)))
+      : note('No background jobs: %schedule submit SCRIPT --gpus N --steps N queues one.')
+  );
+}
+
+function jobItem(job: IJob, kernelId: string | null): HTMLElement {
+  const bar = h('span', 'jp-KernelfleetPanel-bar', h('span', 'jp-KernelfleetPanel-barFill'));
+  (bar.firstChild as HTMLElement).style.width = `${Math.round(jobProgress(job) * 100)}%`;
+  const preempted = preemptionsText(job);
+  const failed = job.state === 'failed';
+  return h('li', `jp-KernelfleetPanel-job jp-mod-${job.state}`,
+    h('div', 'jp-KernelfleetPanel-jobHead',
+      h('span', 'jp-KernelfleetPanel-jobName', job.name),
+      ' ',
+      h('span', 'jp-KernelfleetPanel-id', job.id),
+      job.owner_kernel !== null && job.owner_kernel === kernelId
+        ? h('span', 'jp-KernelfleetPanel-badge', 'this kernel') : null,
+      ' ',
+      h('span', `jp-KernelfleetPanel-state jp-mod-${job.state}`, job.state)),
+    h('div', 'jp-KernelfleetPanel-jobProgress', bar, jobProgressText(job)),
+    h('div', 'jp-KernelfleetPanel-note', jobGpusText(job), preempted ? ` · ${preempted}` : ''),
+    failed && job.error
+      ? note(job.error.split('\n')[0], 'jp-KernelfleetPanel-error') : null,
+    failed && job.log_tail.length
+      ? h('pre', 'jp-KernelfleetPanel-log', job.log_tail.slice(-LOG_TAIL_LINES).join('\n')) : null);
 }
 
 function toolSection(tool: ISection): HTMLElement {

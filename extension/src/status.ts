@@ -1,11 +1,12 @@
 /**
  * The status-bar item: "GPU ×1 · host-2" while a cell of the current notebook's kernel holds
- * GPUs, "waiting for GPU" while a cell waits for them, "no GPU" otherwise. Hidden when the current
+ * GPUs, "waiting for GPU" while a cell waits for them, "no GPU" otherwise; then " · 2 jobs" while
+ * background jobs this kernel submitted are queued or running. Hidden when the current
  * notebook's kernel is not a kernelfleet kernel. Clicking it opens the fleet panel.
  */
 import { Widget } from '@lumino/widgets';
 
-import { gpuStatus } from './format';
+import { count, gpuStatus } from './format';
 import { FleetPanelModel } from './model';
 
 export class GpuStatusItem extends Widget {
@@ -29,8 +30,10 @@ export class GpuStatusItem extends Widget {
   protected onUpdateRequest(): void {
     const model = this._model;
     const held = model.kernel?.gpus_held ?? [];
+    const jobs = model.activeJobs;
     const text =
-      model.state === 'unreachable' ? 'gateway unreachable' : gpuStatus(held, model.waiting);
+      model.state === 'unreachable' ? 'gateway unreachable' : gpuStatus(held, model.waiting) +
+        (jobs ? ` · ${count(jobs, 'job')}` : '');
     this.node.textContent = text;
     this.node.dataset.state = held.length ? 'gpu' : model.waiting ? 'waiting' : 'idle';
   }

@@ -3,8 +3,9 @@
 ::
 
     %fleet                   this kernel: replicas, hosts, states, executor, GPUs, last cells
-    %fleet hosts             every host's state and GPUs
-    %fleet policy            the scheduling policy, replicas per kernel, the autoscaler
+    %fleet hosts             every host's state and GPUs, and those lent to background jobs
+    %fleet policy            the scheduling policy, replicas per kernel, background jobs,
+                             the autoscaler
     %fleet migrate [--host ID]   move this kernel's executor replica (the policy picks a host)
     %fleet events [-n N]     this kernel's last N events (20; at most 1000)
     %fleet tools             the magics and panel sections installed, and their status
@@ -41,13 +42,18 @@ def fleet_parser() -> MagicParser:
         "hosts and states, the executor, GPUs bound, and its last cells' start delays.",
     )
     commands = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
-    commands.add_parser("hosts", help="every host's state and GPUs", description="Every "
-                        "host's state and GPUs: committed now, subscribed, total.")  # fmt: skip
+    commands.add_parser(
+        "hosts",
+        help="every host's state and GPUs",
+        description="Every host's state and GPUs: committed now, subscribed, total, lent to "
+        "background jobs.",
+    )
     commands.add_parser(
         "policy",
         help="the scheduling policy and the autoscaler",
         description="The gateway's scheduling policy, replicas per kernel, the fleet's GPUs, "
-        "and the autoscaler's limits and last decision.",
+        "background jobs (queued, running, GPUs lent), and the autoscaler's limits and last "
+        "decision.",
     )
     migrate = commands.add_parser(
         "migrate",

@@ -198,7 +198,11 @@ def cells_section(cells: Sequence[dict[str, Any]]) -> Section:
 
 
 def hosts_view(hosts: Sequence[dict[str, Any]]) -> View:
-    """``%fleet hosts``: each host's state and GPUs (committed now / subscribed / total)."""
+    """``%fleet hosts``: each host's state and GPUs (committed now / subscribed / total), and
+    which devices are lent to background jobs (a column shown once a gateway reports loans)."""
+    header: tuple[str, ...] = ("host", "state", "GPUs committed", "subscribed", "total", "vanished")
+    loans = [lent_devices(h.get("gpus") or {}) for h in hosts]
+    with_loans = any(lent is not None for lent in loans)
     rows = tuple(
         (
             str(h.get("id", "")),
@@ -207,11 +211,48 @@ def hosts_view(hosts: Sequence[dict[str, Any]]) -> View:
             str(h.get("gpus", {}).get("subscribed", "-")),
             str(h.get("gpus", {}).get("total", "-")),
             devices_text(h.get("gpus", {}).get("vanished") or []),
+            *((loans_text(lent or {}),) if with_loans else ()),
         )
-        for h in hosts
+        for h, lent in zip(hosts, loans, strict=True)
     )
-    header = ("host", "state", "GPUs committed", "subscribed", "total", "vanished")
+    if with_loans:
+        header += ("lent to jobs",)
     return View(Section(counted(len(hosts), "host"), "", header, rows))
+
+
+def lent_devices(gpus: dict[str, Any]) -> dict[str, str] | None:
+    """Device -> the job it is lent to, from a host's GPU view: ``lent_to_job`` per device,
+    either as a map (device -> job id or null) or in each entry of a ``devices`` list of
+    objects; None when the gateway does not report loans (an older gateway)."""
+    marks = gpus.get("lent_to_job")
+    if isinstance(marks, dict):
+        return {str(device): str(job) for device, job in marks.items() if job}
+    devices = gpus.get("devices")
+    if not isinstance(devices, list) or not any(
+        isinstance(d, dict) and "lent_to_job" in d for d in devices
+    ):
+        return None
+    return {
+        str(d.get("id")): str(d["lent_to_job"])
+        for d in devices
+        if isinstance(d, dict) and d.get("lent_to_job")
+    }
+
+
+def loans_text(lent: dict[str, str]) -> str:
+    """``0, 1 → job-1a2b3c4d; 3 → job-9f8e7d6c``: devices grouped by the job they are lent to."""
+    by_job: dict[str, list[str]] = {}
+    for device, job in lent.items():
+        by_job.setdefault(job, []).append(device)
+    return "; ".join(f"{devices_text(d)} → {job}" for job, d in by_job.items()) or "-"
+
+
+def jobs_phrase(jobs: dict[str, Any]) -> str:
+    """The fleet's background jobs in a line: ``1 queued, 2 running, 3 GPUs lent``."""
+    return (
+        f"{jobs.get('queued', 0)} queued, {jobs.get('running', 0)} running, "
+        f"{gpus_phrase(int(jobs.get('gpus_lent', 0)))} lent"
+    )
 
 
 def policy_view(fleet: dict[str, Any]) -> View:
@@ -230,6 +271,8 @@ def policy_view(fleet: dict[str, Any]) -> View:
         ),
         ("kernels", str(fleet.get("kernels", "-"))),
     ]
+    if isinstance(fleet.get("jobs"), dict):
+        rows.append(("background jobs", jobs_phrase(fleet["jobs"])))
     scaling = fleet.get("autoscaling")
     if scaling is None:
         rows.append(("autoscaling", "off"))

@@ -13,8 +13,9 @@ from the status bar, and checks the kernel's replicas, the fleet's hosts and "no
 sleeps shows "GPU x1 · host-1" while it runs and "no GPU" after; a second notebook holding the only
 GPU makes a cell wait, panel and status bar say so, and once it ran the panel's recent cells say
 how long it waited. A gateway killed under an open panel is shown as "gateway unreachable", and
-the panel recovers by itself when a gateway answers again. Screenshots, light and dark, land in
-``test-output/browser/``.
+the panel recovers by itself when a gateway answers again. A job submitted with ``%schedule``
+shows in the Jobs section, its GPU marked lent, and a cell that needs that GPU preempts it.
+Screenshots, light and dark, land in ``test-output/browser/``.
 """
 
 from __future__ import annotations
@@ -414,5 +415,83 @@ def test_panel_says_the_kernel_is_degraded_and_why(
         user.run(notebook, "print('still running')")
         expect(notebook.locator(".jp-OutputArea-output").last).to_contain_text("still running")
         user.shot("degraded")
+
+    browse(lab, steps)
+
+
+JOB_SCRIPT = """\
+import time
+from kernelfleet.jobs.sdk import current_job
+
+job = current_job()
+step = job.load_checkpoint() or 0
+while step < job.steps:
+    time.sleep(0.05)
+    step += 1
+    job.report(step, throughput=20.0)
+    if job.should_stop:
+        job.save_checkpoint(step)
+        break
+"""
+
+
+def test_panel_shows_a_running_job_and_the_gpus_lent_to_it(
+    private_fleet: Callable[..., Fleet], start_lab: Callable[..., Lab]
+) -> None:
+    """A notebook submits a job with ``%schedule``: the panel's Jobs section shows it running
+    with its progress and lease, the host's device grid marks its GPU as lent, and the status
+    bar counts the kernel's job; a ``%%gpus 2`` cell preempts it, the panel counts the
+    preemption, and the job runs again once the cell is done."""
+    # Rounds of 3 s: the job is placed again soon after the cell releases its GPU.
+    fleet = private_fleet(hosts=1, gpus=2, replicas=1, gateway_args=("--GatewayApp.job_round_s=3",))
+    lab = start_lab(fleet)
+
+    def steps(user: Browser) -> None:
+        expect = user.expect
+        notebook = user.new_notebook()
+        user.status.click()
+        expect(user.panel).to_be_visible()
+        user.run(notebook, f"open('train.py', 'w').write({JOB_SCRIPT!r});")
+        user.run(notebook, "%schedule submit train.py --gpus 1 --steps 3000 --name resnet")
+        output = notebook.locator(".jp-OutputArea-output").last
+        expect(output).to_contain_text("submitted job-", timeout=30_000)
+        (job,) = fleet.api("GET", "/api/fleet/jobs")["jobs"]
+        item = user.panel.locator(".jp-KernelfleetPanel-job", has_text=job["id"])
+        expect(item.locator(".jp-KernelfleetPanel-state")).to_have_text("running", timeout=30_000)
+        expect(item).to_contain_text("resnet")
+        expect(item).to_contain_text("this kernel")
+        expect(item).to_contain_text(re.compile(r"[1-9]\d* / 3000 steps"), timeout=15_000)
+        lease = fleet.api("GET", f"/api/fleet/jobs/{job['id']}")["lease"]
+        expect(item).to_contain_text(f"1 GPU · {lease['host']} [{lease['devices'][0]}]")
+        lent = user.panel.locator(
+            ".jp-KernelfleetPanel-hosts .jp-KernelfleetPanel-device.jp-mod-job"
+        )
+        expect(lent).to_have_count(1, timeout=15_000)
+        assert lent.get_attribute("title") == f"device {lease['devices'][0]}: lent to {job['id']}"
+        expect(user.panel.locator(".jp-KernelfleetPanel-jobsline")).to_contain_text(
+            "1 running · 1 GPU lent"
+        )
+        expect(user.status).to_have_text("no GPU · 1 job")
+        assert_inside_the_panel(user, user.panel.locator(".jp-KernelfleetPanel-hosts tbody tr"))
+        user.run(notebook, "%schedule")
+        table = notebook.locator(".jp-OutputArea-output").last
+        expect(table.locator("tr", has_text=job["id"])).to_contain_text("running")
+        user.shot("jobs")
+
+        # A cell that needs both GPUs takes the lent one back: the job stops, and resumes later.
+        before = fleet.api("GET", f"/api/fleet/jobs/{job['id']}")["steps_done"]
+        user.run(notebook, "%%gpus 2\nimport time; time.sleep(4); print('cell done')")
+        expect(item).to_contain_text("1 preemption", timeout=30_000)
+        expect(notebook.locator(".jp-OutputArea-output").last).to_contain_text(
+            "cell done", timeout=30_000
+        )
+        expect(item.locator(".jp-KernelfleetPanel-state")).to_have_text("running", timeout=60_000)
+        resumed_from = fleet.api("GET", f"/api/fleet/jobs/{job['id']}")["steps_done"]
+        assert resumed_from >= before, "it resumed from its checkpoint, not from step 0"
+        user.shot("jobs-resumed")
+        fleet.api("DELETE", f"/api/fleet/jobs/{job['id']}")
+        expect(item.locator(".jp-KernelfleetPanel-state")).to_have_text(
+            re.compile("stopping|cancelled"), timeout=30_000
+        )
 
     browse(lab, steps)

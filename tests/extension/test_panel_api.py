@@ -35,6 +35,7 @@ async def test_fleet_shows_the_summary_and_every_host(jp_fetch, fleet: Fleet) ->
     for host in body["hosts"]:
         assert set(host["gpus"]) >= {"total", "subscribed", "committed"}
         assert host["gpus"]["total"] == 2
+    assert body["jobs"] == fleet.api("GET", "/api/fleet/jobs")
 
 
 async def test_a_kernel_of_this_server_shows_its_replicas(jp_fetch, fleet: Fleet) -> None:
