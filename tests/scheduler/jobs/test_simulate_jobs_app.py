@@ -4,6 +4,7 @@ bad input ending in one line and exit code 2."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,30 @@ def test_shockwave_s_conventions_charge_each_resumed_job(files: dict[str, Path])
     run(*argv, "--conventions", "shockwave")
     shockwave = json.loads(files["json"].read_text())["policies"]["max_min_fairness"]
     assert shockwave["avg_jct_s"] > gavel["avg_jct_s"] + 20
+
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+SHARED = README.parent.parent / "shared"
+
+
+@pytest.mark.skipif(not (SHARED / "data" / "gavel").is_dir(), reason="../shared/data is absent")
+def test_the_readme_s_command_runs_as_written_and_prints_what_it_says(tmp_path: Path) -> None:
+    marker = "<!-- tested by tests/scheduler/jobs/test_simulate_jobs_app.py: simulate-jobs -->"
+    text = README.read_text(encoding="utf-8")
+    block = text[text.index(marker) :].split("```bash\n", 1)[1].split("\n```\n", 1)[0]
+    clone = tmp_path / "clone"  # a clone's folder with ../shared beside it, as the README says
+    clone.mkdir()
+    (tmp_path / "shared").symlink_to(SHARED)
+    ran = subprocess.run(
+        ["bash", "-c", block], cwd=clone, capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0, ran.stderr
+    rows = {line.split()[0]: line.split() for line in ran.stdout.splitlines() if line.strip()}
+    said = text[text.index(marker) :].split("It prints average JCTs of ", 1)[1]
+    first, second = said.split(" h and ", 1)[0], said.split(" h and ", 1)[1].split(" h")[0]
+    assert rows["max_min_fairness"][2] == first
+    assert rows["max_min_fairness_perf"][2] == second
+    assert json.loads((clone / "las.json").read_text())["policies"].keys() == {
+        "max_min_fairness",
+        "max_min_fairness_perf",
+    }
