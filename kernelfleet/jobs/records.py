@@ -306,6 +306,8 @@ class Simulation:
         raise KeyError(policy)
 
     def blocks(self) -> list[Block]:
+        if all(outcome.jobs == 0 for outcome in self.outcomes):
+            return [Block("what-if of the queue", "no job is queued or running: nothing to replay")]
         note = "the current queue replayed by the job simulator on the GPUs lent to jobs"
         rows = tuple(outcome.row() for outcome in self.outcomes)
         return [Block("what-if of the queue", note, SIMULATION_HEADER, rows)]

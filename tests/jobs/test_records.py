@@ -182,3 +182,11 @@ def test_short_ids_resolve_while_one_job_matches():
 def test_text_tables_align_columns():
     assert text_table(("a", "bb"), [("ccc", "d")]) == ["a    bb", "ccc  d"]
     assert text_table(("a",), []) == ["a", "(none)"]
+
+
+def test_a_simulation_of_an_empty_queue_says_so_instead_of_a_table_of_zeros():
+    empty = {"avg_jct_s": 0.0, "makespan_s": 0.0, "utilisation": 0.0, "jobs": 0}
+    empty["ftf_rho"] = {"median": 0.0, "p75": 0.0, "max": 0.0, "unfair_share": 0.0}
+    text = repr(Simulation.from_json({"policies": {"fifo": empty, "shockwave": empty}}))
+    assert "nothing to replay" in text
+    assert "avg JCT" not in text
