@@ -35,6 +35,10 @@ and constraints, the relaxation's ratios (a job in its last epoch counts as endi
 and the work-conserving fill: idle GPUs left in a planned round go to the unplanned jobs with the
 longest remaining time.
 
+A fair-finish-time estimate counts from the job's *submission* as Shockwave's planner knows it:
+its scheduler registers a job (``JobMetaData.register_job_submit``) at the round boundary where it
+is added, the first after its arrival; here, the first snapshot that shows the job.
+
 The solver runs under ``solver_timeout`` seconds and ``solver_rel_gap``. A solve that hits the time
 limit with a feasible schedule found (HiGHS's incumbent) uses it; with none, or any other solver
 failure, `allocate` raises `SolverFailed` with the reason, and the caller's `decide` runs its
@@ -197,6 +201,8 @@ class ShockwavePolicy(JobPolicy):
         self._posteriors: dict[str, BatchSizePosterior] = {}
         self._fair_finish: dict[str, list[tuple[float, float]]] = {}
         self._estimated_for: frozenset[str] | None = None
+        self._submitted_s: dict[str, float] = {}
+        self._last_seen_s: float | None = None
         self._plan: _Plan | None = None
         self.last_solve: SolveReport | None = None
 
@@ -223,20 +229,31 @@ class ShockwavePolicy(JobPolicy):
         for gone in set(self._posteriors) - present:
             del self._posteriors[gone]
             self._fair_finish.pop(gone, None)
+            self._submitted_s.pop(gone, None)
         for job in jobs:
             posterior = self._posteriors.get(job.job_id)
             if posterior is None:
                 regimes = tuple(sorted(job.regime_throughputs)) or (job.batch_size or 0,)
                 posterior = BatchSizePosterior(regimes, job.epochs or UNKNOWN_EPOCHS)
                 self._posteriors[job.job_id] = posterior
+                self._submitted_s[job.job_id] = self._submission_s(snapshot, job)
             posterior.observe(_epoch_progress(job, posterior.epochs), job.batch_size or 0)
         if frozenset(present) != self._estimated_for:
             share = _equal_share(snapshot, jobs)
             for job in jobs:
                 run_s = sum(job.time_on.values())
-                estimate = job.arrival_s + (run_s + self._remaining_s(snapshot, job)) / share
+                alone_s = run_s + self._remaining_s(snapshot, job)
+                estimate = self._submitted_s[job.job_id] + alone_s / share
                 self._fair_finish.setdefault(job.job_id, []).append((snapshot.now_s, estimate))
             self._estimated_for = frozenset(present)
+        self._last_seen_s = snapshot.now_s
+
+    def _submission_s(self, snapshot: JobsSnapshot, job: JobView) -> float:
+        """When the planner learnt of a job it sees for the first time: now, for a job that
+        arrived since its last snapshot (Shockwave registers a job's submission when the round
+        after its arrival starts); its arrival, for one it could not have seen (a fresh policy)."""
+        arrived_unseen = self._last_seen_s is not None and job.arrival_s > self._last_seen_s
+        return snapshot.now_s if arrived_unseen else job.arrival_s
 
     def _remaining_s(self, snapshot: JobsSnapshot, job: JobView) -> float:
         """The posterior's expected run time of the epochs after the one in progress, which

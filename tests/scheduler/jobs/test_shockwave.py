@@ -212,3 +212,20 @@ def test_the_planner_sees_whole_epochs_and_counts_the_one_in_progress_as_seen():
         views[done] = (problem.progress[0], problem.remaining_s[0])
     assert views[500.0] == views[600.0] == (0.5, pytest.approx(250.0))
     assert views[800.0] == (0.75, 0.0)
+
+
+def test_a_fair_finish_time_counts_from_the_round_the_planner_first_sees_the_job():
+    # Shockwave registers a job's submission at the round boundary after its arrival. "late"
+    # arrives at 50 s, mid-round, and is first seen at 100 s: alone (share 1, 1000 steps at
+    # 1 step/s, 990 s after the hundredth in progress) it would finish at 100 + 990 s. A fresh
+    # policy, which could not have seen it earlier, counts from its arrival.
+    early = job("early", 1000)
+    late = job("late", 1000, arrival_s=50.0)
+    policy = ShockwavePolicy(future_rounds=1, rho_max=100.0)
+    policy.allocate(snapshot(early, gpus=2))
+    both = snapshot(early, late, gpus=2, now_s=100.0)
+    policy._observe(both, both.jobs)
+    assert policy._problem(both, both.jobs).fair_finish_s[1] == pytest.approx(1090.0)
+    fresh = ShockwavePolicy(future_rounds=1, rho_max=100.0)
+    fresh._observe(both, both.jobs)
+    assert fresh._problem(both, both.jobs).fair_finish_s[1] == pytest.approx(1040.0)
