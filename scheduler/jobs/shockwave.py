@@ -22,9 +22,22 @@ Every round Shockwave looks ``future_rounds`` rounds ahead and solves a mixed-in
   MILP reorders the planned rounds so that high-priority jobs run first.
 
 Remaining run times come from `BatchSizePosterior` (kernelfleet.scheduler.jobs.dynamics),
-Shockwave's Dirichlet posterior over the batch sizes a job will train at. Idle GPUs left in a
-planned round go to the unplanned jobs with the longest remaining time (Shockwave's
-work-conserving fill).
+Shockwave's Dirichlet posterior over the batch sizes a job will train at.
+
+Shockwave's planner sees a job in whole epochs (its ``JobMetaData.epoch_progress``, the
+simulator's ``floor(steps / steps per epoch)``), and so does this one: the progress in the
+log-utility is the epochs completed over the job's epochs; the remaining run time is the
+posterior's estimate for the epochs *after* the one in progress (Shockwave's
+``dirichlet_posterior_remaining_runtime`` counts epochs ``0..progress`` as seen and subtracts them
+from the posterior's expected epochs, so the epoch in progress is neither done nor to do). That
+is the remaining run time wherever the planner reads it: the ``k`` term, the finish-time estimates
+and constraints, the relaxation's ratios (a job in its last epoch counts as ending within a round)
+and the work-conserving fill: idle GPUs left in a planned round go to the unplanned jobs with the
+longest remaining time.
+
+A fair-finish-time estimate counts from the job's *submission* as Shockwave's planner knows it:
+its scheduler registers a job (``JobMetaData.register_job_submit``) at the round boundary where it
+is added, the first after its arrival; here, the first snapshot that shows the job.
 
 The solver runs under ``solver_timeout`` seconds and ``solver_rel_gap``. A solve that hits the time
 limit with a feasible schedule found (HiGHS's incumbent) uses it; with none, or any other solver
@@ -64,6 +77,8 @@ MOMENTUM = 0.9
 FEASIBLE_SOLUTION = 2
 """HiGHS's ``kSolutionStatusFeasible``: its answer is a feasible point."""
 NO_PLAN_IN_TIME = "time limit without a feasible plan"
+EPOCH_TOLERANCE = 1e-9
+"""Epoch progress within this of a whole number counts as that epoch completed (float steps)."""
 
 
 @dataclass(frozen=True)
@@ -150,11 +165,11 @@ class _WindowProblem:
     gpus: np.ndarray
     weight: np.ndarray
     progress: np.ndarray
-    """Share of each job's work done, in [0, 1]."""
+    """Share of each job's epochs completed, in [0, 1] (whole epochs: module docstring)."""
     work_s: np.ndarray
     """Each job's whole work in seconds at its current speed."""
     remaining_s: np.ndarray
-    """The posterior's expected remaining run time."""
+    """The posterior's expected run time after the epoch in progress."""
     fair_finish_s: np.ndarray
     window_end_s: float
     equal_share: float
@@ -186,6 +201,8 @@ class ShockwavePolicy(JobPolicy):
         self._posteriors: dict[str, BatchSizePosterior] = {}
         self._fair_finish: dict[str, list[tuple[float, float]]] = {}
         self._estimated_for: frozenset[str] | None = None
+        self._submitted_s: dict[str, float] = {}
+        self._last_seen_s: float | None = None
         self._plan: _Plan | None = None
         self.last_solve: SolveReport | None = None
 
@@ -212,25 +229,39 @@ class ShockwavePolicy(JobPolicy):
         for gone in set(self._posteriors) - present:
             del self._posteriors[gone]
             self._fair_finish.pop(gone, None)
+            self._submitted_s.pop(gone, None)
         for job in jobs:
             posterior = self._posteriors.get(job.job_id)
             if posterior is None:
                 regimes = tuple(sorted(job.regime_throughputs)) or (job.batch_size or 0,)
                 posterior = BatchSizePosterior(regimes, job.epochs or UNKNOWN_EPOCHS)
                 self._posteriors[job.job_id] = posterior
+                self._submitted_s[job.job_id] = self._submission_s(snapshot, job)
             posterior.observe(_epoch_progress(job, posterior.epochs), job.batch_size or 0)
         if frozenset(present) != self._estimated_for:
             share = _equal_share(snapshot, jobs)
             for job in jobs:
                 run_s = sum(job.time_on.values())
-                estimate = job.arrival_s + (run_s + self._remaining_s(snapshot, job)) / share
+                alone_s = run_s + self._remaining_s(snapshot, job)
+                estimate = self._submitted_s[job.job_id] + alone_s / share
                 self._fair_finish.setdefault(job.job_id, []).append((snapshot.now_s, estimate))
             self._estimated_for = frozenset(present)
+        self._last_seen_s = snapshot.now_s
+
+    def _submission_s(self, snapshot: JobsSnapshot, job: JobView) -> float:
+        """When the planner learnt of a job it sees for the first time: now, for a job that
+        arrived since its last snapshot (Shockwave registers a job's submission when the round
+        after its arrival starts); its arrival, for one it could not have seen (a fresh policy)."""
+        arrived_unseen = self._last_seen_s is not None and job.arrival_s > self._last_seen_s
+        return snapshot.now_s if arrived_unseen else job.arrival_s
 
     def _remaining_s(self, snapshot: JobsSnapshot, job: JobView) -> float:
-        regimes = job.regime_throughputs or {job.batch_size or 0: job.throughputs}
-        rate_at = {size: _best_rate(snapshot, rates) for size, rates in regimes.items()}
-        return self._posteriors[job.job_id].remaining_time(job.steps_left, rate_at)
+        """The posterior's expected run time of the epochs after the one in progress, which
+        Shockwave's planner counts as seen (module docstring)."""
+        posterior = self._posteriors[job.job_id]
+        epochs = posterior.epochs
+        steps_after = job.total_steps * max(epochs - _whole_epochs(job, epochs) - 1, 0) / epochs
+        return posterior.remaining_time(steps_after, _rates_by_batch_size(snapshot, job))
 
     def _fair_finish_s(self, job_id: str, now_s: float) -> float:
         """Shockwave's momentum average of a job's fair-finish-time estimates: each weighted by how
@@ -269,7 +300,13 @@ class ShockwavePolicy(JobPolicy):
             round_s=snapshot.round_s,
             gpus=np.array([job.scale_factor for job in jobs], dtype=float),
             weight=np.array([job.priority_weight for job in jobs], dtype=float),
-            progress=np.array([min(job.steps_done / job.total_steps, 1.0) for job in jobs]),
+            progress=np.array(
+                [
+                    _whole_epochs(job, self._posteriors[job.job_id].epochs)
+                    / self._posteriors[job.job_id].epochs
+                    for job in jobs
+                ]
+            ),
             work_s=np.array([job.total_steps for job in jobs]) / rates,
             remaining_s=remaining,
             fair_finish_s=fair,
@@ -447,3 +484,13 @@ def _equal_share(snapshot: JobsSnapshot, jobs: Sequence[JobView]) -> float:
 
 def _epoch_progress(job: JobView, epochs: int) -> float:
     return job.steps_done / job.total_steps * epochs if job.total_steps else 0.0
+
+
+def _whole_epochs(job: JobView, epochs: int) -> int:
+    """Epochs the job has completed (the one in progress not counted), at most ``epochs``."""
+    return min(math.floor(_epoch_progress(job, epochs) + EPOCH_TOLERANCE), epochs)
+
+
+def _rates_by_batch_size(snapshot: JobsSnapshot, job: JobView) -> dict[int, float]:
+    regimes = job.regime_throughputs or {job.batch_size or 0: job.throughputs}
+    return {size: _best_rate(snapshot, rates) for size, rates in regimes.items()}

@@ -63,10 +63,12 @@ def test_priority_weight_decides_between_equal_jobs():
     assert running(allocation) == {"heavy"}
 
 
-# a: 100 s of work left (900 of 1000 done); b: 950 s left. One GPU, one round of 100 s, equal
-# share 1/2, so the fair finish times are 200 s (a) and 1900 s (b). After the window (t = 100 s):
-# - if a runs: a is done, b finishes at 100 + 950/0.5 = 2000 s, rho 1.05;
-# - if b runs: a finishes at 100 + 100/0.5 = 300 s, rho 1.5; b at 1800 s.
+# The jobs state no epochs, so the planner counts hundredths of their work (10 s) as epochs and
+# reads the time after the one in progress as remaining: a (900 of 1000 done) 90 s, b (50 done)
+# 940 s. One GPU, one round of 100 s, equal share 1/2, so the fair finish times are 180 s (a) and
+# 1880 s (b). After the window (t = 100 s):
+# - if a runs: a is done, b finishes at 100 + 940/0.5 = 1980 s, rho 1.05;
+# - if b runs: a finishes at 100 + 90/0.5 = 280 s, rho 1.56; b at 1780 s.
 # Nash welfare prefers b (0.05 -> 0.15 of its work against a's 0.9 -> 1.0).
 def fairness_case(**options) -> tuple[ShockwavePolicy, JobsSnapshot]:
     return ShockwavePolicy(future_rounds=1, **options), snapshot(
@@ -98,8 +100,8 @@ def test_relaxation_keeps_welfare_until_a_job_falls_behind_then_lifts_it():
     assert running(policy.allocate(snap)) == {"b"}
     assert policy.last_solve is not None
     assert policy.last_solve.relaxed
-    # 1000 s later, neither has moved: a's rho is (1000 + 200) / 200 = 6, b's 2900 / 1900 = 1.5;
-    # a's utility weighs 6 ** 12 (capped), b's 1.5 ** 12
+    # 1000 s later, neither has moved: a's rho is (1000 + 180) / 180 = 6.6, b's 2880 / 1880 = 1.5;
+    # a's utility weighs 6.6 ** 12 (capped), b's 1.5 ** 12
     later = JobsSnapshot(1000.0, snap.cluster, snap.jobs, round_s=snap.round_s)
     assert running(policy.allocate(later)) == {"a"}
 
@@ -180,7 +182,8 @@ def test_options_come_from_shockwave_s_configuration_json(tmp_path):
 def test_the_posterior_s_faster_regime_ahead_shortens_a_job_s_predicted_remainder():
     # Both run at 1 step/s now, 1000 steps left; "growing" may move to a batch size at 4 steps/s
     # (10 epochs, one seen at 32): the posterior expects about half its remaining epochs there,
-    # so about 620 s left against 1000 s. Welfare gains are equal; Shockwave's k term (the longest
+    # so about 560 s left after the epoch in progress, against 990 s for the static job (whose
+    # epochs are hundredths of its work). Welfare gains are equal; Shockwave's k term (the longest
     # remainder after the window) then runs the static job.
     growing = job(
         "growing",
@@ -192,3 +195,37 @@ def test_the_posterior_s_faster_regime_ahead_shortens_a_job_s_predicted_remainde
     static = job("static", 1000, batch_size=32)
     policy = ShockwavePolicy(future_rounds=1, rho_max=100.0)
     assert running(policy.allocate(snapshot(growing, static))) == {"static"}
+
+
+def test_the_planner_sees_whole_epochs_and_counts_the_one_in_progress_as_seen():
+    # Shockwave's planner reads a job's progress as its completed epochs and its remaining run
+    # time as the posterior's estimate for the epochs after the one in progress. Four epochs of
+    # 250 s: at 600 s done, epochs 0-1 are completed and epoch 2 is in progress, so the log-utility
+    # starts from 2/4 and 250 s (epoch 3) remain; at exactly 500 s epoch 2 has only begun (the
+    # same view); in the last epoch nothing remains.
+    policy = ShockwavePolicy(future_rounds=1, rho_max=100.0)
+    views = {}
+    for done in (500.0, 600.0, 800.0):
+        snap = snapshot(job("a", 1000, done, epochs=4))
+        policy._observe(snap, snap.jobs)
+        problem = policy._problem(snap, snap.jobs)
+        views[done] = (problem.progress[0], problem.remaining_s[0])
+    assert views[500.0] == views[600.0] == (0.5, pytest.approx(250.0))
+    assert views[800.0] == (0.75, 0.0)
+
+
+def test_a_fair_finish_time_counts_from_the_round_the_planner_first_sees_the_job():
+    # Shockwave registers a job's submission at the round boundary after its arrival. "late"
+    # arrives at 50 s, mid-round, and is first seen at 100 s: alone (share 1, 1000 steps at
+    # 1 step/s, 990 s after the hundredth in progress) it would finish at 100 + 990 s. A fresh
+    # policy, which could not have seen it earlier, counts from its arrival.
+    early = job("early", 1000)
+    late = job("late", 1000, arrival_s=50.0)
+    policy = ShockwavePolicy(future_rounds=1, rho_max=100.0)
+    policy.allocate(snapshot(early, gpus=2))
+    both = snapshot(early, late, gpus=2, now_s=100.0)
+    policy._observe(both, both.jobs)
+    assert policy._problem(both, both.jobs).fair_finish_s[1] == pytest.approx(1090.0)
+    fresh = ShockwavePolicy(future_rounds=1, rho_max=100.0)
+    fresh._observe(both, both.jobs)
+    assert fresh._problem(both, both.jobs).fair_finish_s[1] == pytest.approx(1040.0)

@@ -7,7 +7,7 @@ The experiment is run as Shockwave's simulator runs it (docs/jobs-simulator.md, 
 dynamic trace"): a job that runs after a round it sat out pays 20 s to restore its checkpoint,
 Gavel's mechanism reallocates at most every 1000 s, and rho divides by the duration of the job's
 pre-generated profile. About 45 s for Shockwave and 10 s for max-min fairness on two cores, hence
-``slow``. Measured here: Shockwave 6.39 h, 2.91 h, rho 1.19; max-min fairness 9.17 h, 3.19 h,
+``slow``. Measured here: Shockwave 6.48 h, 2.80 h, rho 1.21; max-min fairness 9.17 h, 3.19 h,
 rho 2.79.
 """
 
@@ -97,15 +97,19 @@ def test_max_min_fairness_worst_rho_matches_shockwave_s_own_code(max_min_fairnes
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="6.39 h, 2.91 h and rho 1.19 here against 6.73 h, 2.76 h and 1.60: same work, the same "
-    "ramp-up and no idle GPU mid-run in both; Shockwave's own run leaves more of the longest jobs "
-    "for its tail (50 rounds with idle GPUs against 35 here), a difference in the planner's "
-    "choices not yet found; its worst rho is solver-dependent (1.78 with Gurobi, 1.60 with "
-    "HiGHS): docs/jobs-simulator.md",
-)
-def test_shockwave_figures_match_shockwave_s_own_code(shockwave):
+def test_shockwave_makespan_and_average_jct_match_shockwave_s_own_code(shockwave):
     assert shockwave.makespan_s / HOUR == pytest.approx(6.73, rel=0.05)
     assert shockwave.avg_jct_s / HOUR == pytest.approx(2.76, rel=0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="1.21 here against 1.60: the same jobs are chosen for the first 14 rounds; from there "
+    "the plans differ by near-ties that the configured 1e-3 MIP gap leaves to the solver (a 1e-6 "
+    "gap picks other jobs, and also gives 1.21), and the worst rho hangs on which job they leave "
+    "waiting: Shockwave's own code gives 1.78 with Gurobi and 1.60 with HiGHS (same makespan and "
+    "JCT): docs/jobs-simulator.md",
+)
+def test_shockwave_worst_rho_matches_shockwave_s_own_code(shockwave):
     assert shockwave.ftf_rho.max == pytest.approx(1.60, rel=0.05)
