@@ -226,7 +226,8 @@ async def test_hosts_restarted_with_fewer_gpus_idle_and_under_a_running_cell(pla
     fleet.start_host("host-3", 1)
     wait_for(lambda: hosts(fleet)["host-3"]["gpus"]["total"] == 1, 10, "host-3's new report")
     assert hosts(fleet)["host-3"]["gpus"] == {
-        "total": 1, "subscribed": 0, "committed": 0, "vanished": [], "over_committed": False
+        "total": 1, "subscribed": 0, "committed": 0, "vanished": [], "over_committed": False,
+        "type": "virtual", "devices": [{"id": "0", "lent_to_job": None}],
     }  # fmt: skip
     assert_consistent(fleet)
 

@@ -189,11 +189,18 @@ async def test_policy_and_simulate_show_what_the_gateway_offers(kernel, admin) -
         assert "(400 " in bad, bad
     finally:
         admin.policy(policy.policy)
-    simulated = text_of(
-        await client.execute("%schedule simulate --policy fifo --policy max_min_fairness")
-    )
-    assert re.search(r"^fifo\s+\d+", simulated, re.M), simulated
-    assert re.search(r"^max_min_fairness\s+\d+", simulated, re.M), simulated
+    simulate = "%schedule simulate --policy fifo --policy max_min_fairness"
+    if not any(not job.finished for job in admin.status().jobs):
+        assert "nothing to replay" in text_of(await client.execute(simulate))
+    await write(client, "train.py", TRAIN)
+    submitted = await client.execute("%schedule submit train.py --gpus 1 --steps 100000")
+    job_id = re.search(r"submitted (job-\S+)", submitted.stdout).group(1)  # type: ignore[union-attr]
+    try:
+        simulated = text_of(await client.execute(simulate))
+        assert re.search(r"^fifo\s+\d+", simulated, re.M), simulated
+        assert re.search(r"^max_min_fairness\s+\d+", simulated, re.M), simulated
+    finally:
+        admin.cancel(job_id)
 
 
 def test_the_library_submits_a_function_and_reads_its_output(admin) -> None:
