@@ -42,6 +42,7 @@ from kernelfleet.scheduler.jobs.simulator import (
 )
 from kernelfleet.scheduler.jobs.throughputs import ThroughputTable
 from kernelfleet.scheduler.jobs.traces import JOB_TRACE_HELP, read_job_trace
+from kernelfleet.scheduler.simulator.plot import require_matplotlib
 
 log = logging.getLogger("kernelfleet.scheduler.jobs.app")
 
@@ -252,17 +253,6 @@ def results_table(results: Mapping[str, JobsRunResult]) -> str:
             f"{rho.median:>9.2f}{rho.p75:>9.2f}{rho.max:>9.2f}{rho.unfair_share:>8.0%}"
         )
     return "\n".join(lines)
-
-
-def require_matplotlib() -> None:
-    """`InvalidRequest` saying how to get matplotlib; called before the long run."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise InvalidRequest(
-            '--plot needs matplotlib: pip install matplotlib (or "kernelfleet[plot]")'
-        ) from None
-    matplotlib.use("Agg")
 
 
 def plot(results: Mapping[str, JobsRunResult], path: str | Path) -> None:

@@ -145,6 +145,24 @@ class LinearProgramPolicy(JobPolicy):
         raise NotImplementedError
 
 
+class ReferenceTypeLinearProgram(LinearProgramPolicy):
+    """A Gavel LP whose agnostic variant (``heterogeneity_aware = False``) uses each job's
+    throughput on one reference GPU type everywhere (the fastest type unless given)."""
+
+    def __init__(
+        self,
+        highs_options: Mapping[str, Any] | None = None,
+        reference_gpu_type: str | None = None,
+    ) -> None:
+        super().__init__(highs_options)
+        self.reference_gpu_type = reference_gpu_type
+
+    def throughputs(self, matrix: Matrix) -> np.ndarray:
+        if self.heterogeneity_aware:
+            return matrix.throughputs
+        return matrix.reference_throughputs(self.reference_gpu_type)
+
+
 # -- max-min fairness (least attained service) ------------------------------------------------
 
 
@@ -185,7 +203,7 @@ class MaxMinFairnessPolicy(MaxMinFairnessPerfPolicy):
 # -- finish-time fairness -----------------------------------------------------------------------
 
 
-class FinishTimeFairnessPerfPolicy(LinearProgramPolicy):
+class FinishTimeFairnessPerfPolicy(ReferenceTypeLinearProgram):
     """Minimise the largest finish-time fairness ``rho``: the job's expected completion time under
     this allocation (time since arrival + steps left / effective throughput) over its time in
     isolation (all its steps at the throughput of an equal 1/n share of the cluster).
@@ -198,17 +216,6 @@ class FinishTimeFairnessPerfPolicy(LinearProgramPolicy):
     name = "finish_time_fairness_perf"
     tolerance = 1e-3
     max_solves = 60
-
-    def __init__(
-        self,
-        highs_options: Mapping[str, Any] | None = None,
-        reference_gpu_type: str | None = None,
-    ) -> None:
-        super().__init__(highs_options)
-        self.reference_gpu_type = reference_gpu_type
-
-    def throughputs(self, matrix: Matrix) -> np.ndarray:
-        return matrix.throughputs
 
     def shares(self, matrix: Matrix, snapshot: JobsSnapshot) -> np.ndarray:
         throughputs = self.throughputs(matrix)
@@ -241,9 +248,6 @@ class FinishTimeFairnessPolicy(FinishTimeFairnessPerfPolicy):
 
     name = "finish_time_fairness"
     heterogeneity_aware = False
-
-    def throughputs(self, matrix: Matrix) -> np.ndarray:
-        return matrix.reference_throughputs(self.reference_gpu_type)
 
 
 def isolated_throughputs(matrix: Matrix, throughputs: np.ndarray) -> np.ndarray:
@@ -288,7 +292,7 @@ def bisect_upward(
 # -- minimise makespan (min total duration) -----------------------------------------------------
 
 
-class MinTotalDurationPerfPolicy(LinearProgramPolicy):
+class MinTotalDurationPerfPolicy(ReferenceTypeLinearProgram):
     """Minimise the time ``M`` by which every job finishes: the least ``M`` for which each job
     gets an effective throughput of at least ``steps left / M``. Found as Gavel finds it, by
     bisection on ``M`` between 100 s and 10^6 s (the window moved up tenfold while nothing is
@@ -299,17 +303,6 @@ class MinTotalDurationPerfPolicy(LinearProgramPolicy):
     high_s = 1e6
     ratio = 1.05
     max_windows = 6
-
-    def __init__(
-        self,
-        highs_options: Mapping[str, Any] | None = None,
-        reference_gpu_type: str | None = None,
-    ) -> None:
-        super().__init__(highs_options)
-        self.reference_gpu_type = reference_gpu_type
-
-    def throughputs(self, matrix: Matrix) -> np.ndarray:
-        return matrix.throughputs
 
     def shares(self, matrix: Matrix, snapshot: JobsSnapshot) -> np.ndarray:
         throughputs = self.throughputs(matrix)
@@ -345,9 +338,6 @@ class MinTotalDurationPolicy(MinTotalDurationPerfPolicy):
 
     name = "min_total_duration"
     heterogeneity_aware = False
-
-    def throughputs(self, matrix: Matrix) -> np.ndarray:
-        return matrix.reference_throughputs(self.reference_gpu_type)
 
 
 # -- FIFO ---------------------------------------------------------------------------------------
