@@ -38,7 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from kernelfleet.errors import Conflict, InvalidRequest, NotFound
-from kernelfleet.kernels.agent.kernel_process import KERNEL_UMASK, Isolation, ReplicaFolders
+from kernelfleet.kernels.agent.kernel_process import (
+    KERNEL_UMASK,
+    Isolation,
+    ReplicaFolders,
+    account_of,
+)
 from kernelfleet.protocol import JobEnv
 
 log = logging.getLogger("kernelfleet.host.jobs")
@@ -177,6 +182,12 @@ class JobTable:
             raise Conflict(f"job {request.job_id} already runs on this host (pid {old.pid})")
         self._jobs.pop(request.job_id, None)  # an exited run: a late forget must not hit this one
         owner = self.isolation.owner(request.job_id)
+        account = account_of(owner[0]) if owner is not None else None
+        if owner is not None and account is not None:
+            raise Conflict(
+                f"job {request.job_id} would run as uid {owner[0]}, which is the system account "
+                f"{account!r}'s: submit it again (a new id)"
+            )
         folder = self.jobs_dir / request.job_id
         folders = ReplicaFolders(folder, owner)
         folder_env = folders.prepare()

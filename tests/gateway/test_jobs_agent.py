@@ -78,3 +78,17 @@ def test_a_bad_job_request_is_refused():
         JobRequest.from_json({"job_id": "job-1", "devices": [0], "source": "x"})
     with pytest.raises(InvalidRequest):
         JobRequest.from_json({"job_id": "job-1", "devices": [], "function": "%%"})
+
+
+class _RootCollision(Isolation):
+    """Per-job users whose derived uid happens to be a system account's (root's, here)."""
+
+    def owner(self, kernel_id):
+        return 0, 0
+
+
+async def test_a_job_whose_uid_is_a_system_account_is_refused(tmp_path):
+    table = JobTable(tmp_path, _RootCollision(True, "per-job users"))
+    with pytest.raises(Conflict, match="uid 0, which is the system account 'root'"):
+        await table.start(request("job-r", OBEDIENT))
+    assert table.models() == []
