@@ -199,6 +199,12 @@ class GatewayApp(Application):
     job_round_s = Float(
         360.0, config=True, help="Seconds of a job scheduling round (Gavel's rounds: 6 min)."
     )
+    job_resume_after_s = Float(
+        30.0,
+        config=True,
+        help="Seconds after cells release GPUs that a waiting background job is lent them "
+        "(instead of at the next round), so that a burst of cells does not restart it each time.",
+    )
     job_stop_grace = Float(
         30.0,
         config=True,
@@ -256,7 +262,8 @@ class GatewayApp(Application):
             raise TraitError(f"gpu_kernelspecs must be positive GPU counts, not {counts}")
         return sorted(set(counts))
 
-    @validate("ratio_window", "usage_sample_interval", "autoscale_interval", "job_round_s")
+    @validate("ratio_window", "usage_sample_interval", "autoscale_interval", "job_round_s",
+              "job_resume_after_s")
     def _check_positive(self, proposal: dict) -> float:
         if proposal["value"] <= 0:
             raise TraitError(f"{proposal['trait'].name} must be > 0, not {proposal['value']}")
@@ -372,6 +379,7 @@ class GatewayApp(Application):
                 grace=self.job_stop_grace,
                 checkpoint_root=self.object_store_root,
                 relink_grace=self.recovery_grace,
+                resume_after_s=self.job_resume_after_s,
             )
             self.jobs.restore()
         except (FleetError, StateUnreadable) as e:

@@ -67,6 +67,9 @@ class JobPreemption(Protocol):
         """Stop those jobs (SIGTERM, grace, SIGKILL) and requeue them; returns once their
         processes exited, so the devices a cell took from them are free."""
 
+    def gpus_released(self) -> None:
+        """Cells released GPUs: waiting jobs may have them (soon, not at once)."""
+
 
 @dataclass(eq=False)
 class _Waiter:
@@ -119,10 +122,13 @@ class ExecutorChooser:
 
     def capacity_changed(self) -> None:
         """GPUs were released or hosts changed: waiting cells ask the policy again, oldest
-        first (futures resolved in this order wake their tasks in this order)."""
+        first (futures resolved in this order wake their tasks in this order); then the jobs
+        service, which lends what the cells left."""
         for waiter in self._waiting:
             if not waiter.turn.done():
                 waiter.turn.set_result(None)
+        if self._jobs is not None:
+            self._jobs.gpus_released()
 
     @property
     def waiting(self) -> int:

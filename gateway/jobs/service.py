@@ -11,7 +11,10 @@ lent to it in the GPU ledger.
 
 **Cells first.** A cell whose commitment takes devices lent to jobs calls `preempt` (through
 `ExecutorChooser`), which stops those jobs (SIGTERM, ``grace``, SIGKILL) and returns once their
-processes exited; the jobs are queued again and resume from their last checkpoint.
+processes exited; the jobs are queued again and resume from their last checkpoint. When cells
+release GPUs (`gpus_released`) while a job waits, a round comes ``resume_after_s`` later (one at
+a time), not a whole ``round_s`` later: a preempted job does not sit out a round for a cell of a
+few seconds, and a notebook that runs cells in a burst does not restart it between each two.
 
 **Exits.** A job process's exit reaches the gateway in its host's report (the agent beats at
 once) or as the answer to a stop: exit 0 without a stop request is ``completed``; exit 0 after
@@ -78,6 +81,7 @@ class JobService:
         grace: float = 30.0,
         checkpoint_root: str | Path = "",
         relink_grace: float = 60.0,
+        resume_after_s: float = 30.0,
     ) -> None:
         self._hosts = hosts
         self._ledger = ledger
@@ -86,6 +90,8 @@ class JobService:
         self.round_s = round_s
         self.grace = grace
         self.relink_grace = relink_grace
+        self.resume_after_s = resume_after_s
+        self._resume: asyncio.TimerHandle | None = None
         self._checkpoint_root = Path(checkpoint_root)
         self._jobs: dict[str, JobRecord] = {}
         self._policy: JobPolicy = load_job_policy(policy)
@@ -257,6 +263,20 @@ class JobService:
         for failure in await asyncio.gather(*stops, return_exceptions=True):
             if isinstance(failure, BaseException):
                 log.warning("a preempted job did not stop cleanly: %s", failure)
+
+    def gpus_released(self) -> None:
+        """Cells released GPUs: if a job waits, a round in ``resume_after_s`` (see the module
+        docstring); a round already due then is not moved."""
+        waiting = any(job.state is JobState.QUEUED for job in self._jobs.values())
+        if not waiting or self._resume is not None or self._wake is None:
+            return
+
+        def wake() -> None:
+            self._resume = None
+            if self._wake is not None:
+                self._wake.set()
+
+        self._resume = asyncio.get_running_loop().call_later(self.resume_after_s, wake)
 
     # ---- host reports ----------------------------------------------------------------------
 

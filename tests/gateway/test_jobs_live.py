@@ -413,3 +413,31 @@ def test_a_restarted_agent_adopts_its_job_and_the_gateway_keeps_one_run_of_it(pr
     # run of the job), so one run of the job went on
     assert "not placed there: stopping it" in fleet.log()
     assert done["restarts"] >= 1
+
+
+@pytest.mark.slow
+async def test_a_preempted_job_resumes_soon_after_the_cell_not_a_round_later(private_fleet):
+    """Rounds of 10 minutes, resumption 1 s after cells release GPUs: the job the cell took the
+    GPU from runs again within seconds of the cell's end."""
+    fleet = private_fleet(
+        hosts=1,
+        gpus=1,
+        gateway_args=("--GatewayApp.job_round_s=600", "--GatewayApp.job_resume_after_s=1"),
+    )
+    job_id = fleet.api("POST", "/api/fleet/jobs", {"source": COUNTER, "gpus": 1, "steps": 100_000},
+                       expect=201)["id"]  # fmt: skip
+    wait_for(lambda: job_state(fleet, job_id)["steps_done"] > 5, 30, "the job runs")
+    kernel_id = fleet.start_kernel()
+    client = await fleet.connect(kernel_id)
+    try:
+        # the round the preemption wakes comes while the cell still holds the GPU
+        reply = await client.execute("%%gpus 1\nimport time; time.sleep(3)", timeout=60)
+        assert reply.reply["status"] == "ok", reply.reply
+        assert job_state(fleet, job_id)["preemptions"] == 1
+        assert job_state(fleet, job_id)["state"] == "queued"
+        running = wait_state(fleet, job_id, {"running"}, timeout=20)  # not 600 s
+        assert running["restarts"] >= 1
+    finally:
+        client.close()
+        fleet.api("DELETE", f"/api/fleet/jobs/{job_id}")
+        fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
