@@ -262,8 +262,13 @@ class GatewayApp(Application):
             raise TraitError(f"gpu_kernelspecs must be positive GPU counts, not {counts}")
         return sorted(set(counts))
 
-    @validate("ratio_window", "usage_sample_interval", "autoscale_interval", "job_round_s",
-              "job_resume_after_s")
+    @validate(
+        "ratio_window",
+        "usage_sample_interval",
+        "autoscale_interval",
+        "job_round_s",
+        "job_resume_after_s",
+    )
     def _check_positive(self, proposal: dict) -> float:
         if proposal["value"] <= 0:
             raise TraitError(f"{proposal['trait'].name} must be > 0, not {proposal['value']}")
