@@ -50,14 +50,15 @@ CONTENDED = HERE / "contended.csv"
 #   relayed the request and the executor's execute_input (measured p99: 9-40 ms; 0.5 s leaves
 #   room for a loaded 2-core machine). In trace seconds this is 600 times larger, so the check
 #   is made in wall seconds.
-# - Contended start delay, the same 0.5 wall seconds per percentile, 20 trace seconds at 40x: a
-#   waiting cell starts when the cell ahead of it has ended and its GPUs were released, so it
-#   inherits that cell's overheads (20-50 ms wall each, more on a loaded machine) and those of
-#   its own session's earlier cells, up to 4 in a row here. Queueing cells in another order
-#   moves them by minutes: the simulator before it kept hosts for older waiting cells was
-#   off by 40 s (p50) and 22 s (p95, p99).
+# - Contended start delay, 0.75 wall seconds per percentile, 30 trace seconds at 40x: a waiting
+#   cell starts when the cell ahead of it has ended and its GPUs were released, so it inherits
+#   that cell's overheads (20-50 ms wall each, more on a loaded machine) and those of its own
+#   session's earlier cells, up to 4 in a row here (a CI run on a loaded machine measured
+#   0.52 s at p50). Queueing cells in another order moves them by minutes: the simulator
+#   before it kept hosts for older waiting cells was off by 40 s (p50) and 22 s (p95, p99).
 GPU_HOURS_TOLERANCE = 0.05
 WALL_DELAY_TOLERANCE_S = 0.5
+CONTENDED_WALL_DELAY_TOLERANCE_S = 0.75
 # kernels of 3 replicas, 6 at once, take 6-9 s to start on a loaded 2-core machine
 KERNEL_START_ALLOWANCE = "--ReplayApp.kernel_start_allowance_s=15"
 
@@ -179,7 +180,7 @@ def test_live_replay_agrees_with_the_simulation_when_cells_wait(tmp_path: Path) 
     # the slice is contended in the simulation: most cells wait, for minutes
     assert sim_delay["p50"] >= 30
     assert sim_delay["p95"] >= 100
-    tolerance = WALL_DELAY_TOLERANCE_S * time_scale
+    tolerance = CONTENDED_WALL_DELAY_TOLERANCE_S * time_scale
     for q in ("p50", "p95", "p99"):
         assert abs(live_delay[q] - sim_delay[q]) <= tolerance, q
     check_gpu_hours(live, simulated, ledger=True)  # polled every 10 trace s at 40x
