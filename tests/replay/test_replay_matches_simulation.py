@@ -55,7 +55,8 @@ CONTENDED = HERE / "contended.csv"
 #   that cell's overheads (20-50 ms wall each, more on a loaded machine) and those of its own
 #   session's earlier cells, up to 4 in a row here (a CI run on a loaded machine measured
 #   0.52 s at p50). Queueing cells in another order moves them by minutes: the simulator
-#   before it kept hosts for older waiting cells was off by 40 s (p50) and 22 s (p95, p99).
+#   before it kept hosts for older waiting cells was off by 40 s at p50 (caught) and 22 s at
+#   p95 and p99 (within the tolerance).
 GPU_HOURS_TOLERANCE = 0.05
 WALL_DELAY_TOLERANCE_S = 0.5
 CONTENDED_WALL_DELAY_TOLERANCE_S = 0.75
