@@ -434,9 +434,9 @@ async def test_a_preempted_job_resumes_soon_after_the_cell_not_a_round_later(pri
         reply = await client.execute("%%gpus 1\nimport time; time.sleep(3)", timeout=60)
         assert reply.reply["status"] == "ok", reply.reply
         assert job_state(fleet, job_id)["preemptions"] == 1
-        assert job_state(fleet, job_id)["state"] == "queued"
+        # no check that it is queued now: 1 s after the release it may already run again
         running = wait_state(fleet, job_id, {"running"}, timeout=20)  # not 600 s
-        assert running["restarts"] >= 1
+        assert running["restarts"] >= 1, "stopped by the cell and started again"
     finally:
         client.close()
         fleet.api("DELETE", f"/api/fleet/jobs/{job_id}")
