@@ -360,7 +360,9 @@ class NvmlGpuControl(GpuControl):
     def __init__(self, devices: Iterable[GpuDevice], nvml: Any = None) -> None:
         super().__init__(devices)
         if nvml is None:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         self._nvml = nvml
         try:
             nvml.nvmlInit()

@@ -104,7 +104,8 @@ def test_reset_undoes_every_change_and_sets_the_default_power_limit(
         "nvmlDeviceResetGpuLockedClocks(0)",
     ]
     for gpu in nvml.gpus.values():
-        assert gpu.gpu_locked is None and gpu.power_limit_mw == 400_000
+        assert gpu.gpu_locked is None
+        assert gpu.power_limit_mw == 400_000
     assert control.changed("GPU-aaaa") == {}
     nvml.calls.clear()
     assert control.reset(list(UUIDS)) == [
@@ -134,7 +135,8 @@ def test_no_permission_is_a_clear_error_and_rolls_back_what_the_request_changed(
         control.apply(list(UUIDS), {"gpu_clock_mhz": 1005, "power_limit_w": 300})
     message = caught.value.message
     assert "NVML refused nvmlDeviceSetPowerManagementLimit(0, 300000)" in message
-    assert "Insufficient Permissions" in message and "root" in message
+    assert "Insufficient Permissions" in message
+    assert "root" in message
     assert nvml.calls == [
         "nvmlDeviceSetGpuLockedClocks(GPU-aaaa, 1005, 1005)",
         "nvmlDeviceSetPowerManagementLimit(GPU-aaaa, 300000)",
@@ -159,7 +161,7 @@ def test_a_rollback_restores_an_earlier_requests_value_not_the_default(
 def test_a_failed_rollback_is_named_in_the_error(nvml: FakeNvml, control: NvmlGpuControl) -> None:
     nvml.refuse("nvmlDeviceSetPowerManagementLimit")
     nvml.refuse("nvmlDeviceResetGpuLockedClocks")
-    with pytest.raises(PermissionDenied, match="undoing failed too.*gpu_clock_mhz of GPU 0"):
+    with pytest.raises(PermissionDenied, match=r"undoing failed too.*gpu_clock_mhz of GPU 0"):
         control.apply(["GPU-aaaa"], {"gpu_clock_mhz": 1005, "power_limit_w": 300})
     assert control.changed("GPU-aaaa") == {"gpu_clock_mhz": 1005}, "kept, so a reset retries"
 
@@ -256,5 +258,5 @@ def test_virtual_ranges_are_configurable() -> None:
     assert ranges.mem_clock_mhz == (800, 1600)
     assert ranges.gpu_clock_mhz[-1] == 1410, "the default's"
     for bad in ("[1]", '{"x": [1]}', '{"power_limit_w": [200, 100]}', '{"gpu_clock_mhz": []}', "{"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"virtual GPU ranges|must be"):
             parse_virtual_ranges(bad)
