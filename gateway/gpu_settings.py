@@ -10,6 +10,9 @@ Settings never outlive the binding: the service listens to the ledger (`GpuLedge
 the one place every release passes (the cell ended, the kernel was shut down, its replica was
 lost, its host was dropped), and has the agent reset the devices it changed. The agent resets
 them too when the replica's process exits, and at its own start for what a previous run left.
+Last, every heartbeat says which devices the agent holds changed for whom; one whose binding
+the ledger does not hold (any more: a cell of a gateway that restarted, whose bindings the new
+one never had) is reset too (`on_host_report`).
 """
 
 from __future__ import annotations
@@ -56,7 +59,10 @@ class GpuSettingsService:
         self._changed: dict[ReplicaKey, Binding] = {}
         """The bindings whose devices were changed through this service and not reset."""
         self._background = Background()
+        self._resetting: set[tuple[str, str, str]] = set()
+        """(host, kernel, binding) whose reset is under way."""
         self._ledger.on_release(self.released)
+        hosts.observe(self)
 
     # ---- the API ---------------------------------------------------------------------------
 
@@ -116,6 +122,28 @@ class GpuSettingsService:
             del self._changed[key]
             self._background.run(self._reset(binding))
 
+    def on_host_report(self, host: HostRecord, restarted: bool) -> None:
+        """Reset what `host` reports changed for a binding the ledger does not hold now."""
+        for owner in host.gpu_settings:
+            kernel_id, binding_id = owner.get("kernel_id"), owner.get("binding")
+            replica_id = owner.get("replica_id")
+            if not isinstance(kernel_id, str) or not isinstance(binding_id, str):
+                continue
+            held = (
+                self._ledger.binding(kernel_id, replica_id) if isinstance(replica_id, str) else None
+            )
+            if held is not None and held.cell_id == binding_id and held.host_id == host.id:
+                continue
+            if (host.id, kernel_id, binding_id) in self._resetting:
+                continue
+            log.info("host %s holds GPU settings of kernel %s (%s), which no longer has that "
+                     "binding: resetting them", host.id, kernel_id, binding_id)  # fmt: skip
+            stale = Binding(host.id, kernel_id, str(replica_id), binding_id, ())
+            self._background.run(self._reset(stale))
+
+    def on_host_lost(self, host: HostRecord) -> None:
+        """Nothing to do: the ledger released its bindings (`released`)."""
+
     # ---- internals -------------------------------------------------------------------------
 
     def _bound(self, kernel_id: str) -> tuple[Binding, HostRecord, list[str]]:
@@ -154,6 +182,14 @@ class GpuSettingsService:
     async def _reset(self, binding: Binding, quiet: bool = True) -> None:
         """Ask the binding's host to reset what was changed for it. `quiet`: log a failure
         instead of raising it (a release: the host may be lost)."""
+        key = (binding.host_id, binding.kernel_id, binding.cell_id)
+        self._resetting.add(key)
+        try:
+            await self._ask_reset(binding, quiet)
+        finally:
+            self._resetting.discard(key)
+
+    async def _ask_reset(self, binding: Binding, quiet: bool) -> None:
         try:
             host = self._hosts.get(binding.host_id)
             done = await host.client.reset_gpu_settings(

@@ -601,6 +601,7 @@ class HostAgentApp(Application):
             "replicas": self.replicas.models(),
             "jobs": self.jobs.models(),
             "isolation": self.isolation.model(),
+            "gpu_settings": self.gpu_settings.owners(),
         }
 
     def _on_replicas_changed(self) -> None:

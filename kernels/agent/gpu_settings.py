@@ -85,6 +85,12 @@ class GpuSettings:
 
     # ---- the API ---------------------------------------------------------------------------
 
+    def owners(self) -> list[dict[str, Any]]:
+        """The devices changed now and for whom: ``[{"uuid", "kernel_id", "binding",
+        "replica_id"}]``, sent with every heartbeat so the gateway resets those whose binding
+        it no longer holds (a binding a restarted gateway never knew of)."""
+        return [{"uuid": uuid, **owner.to_dict()} for uuid, owner in sorted(self._owners.items())]
+
     def control_uuids(self) -> list[str]:
         """Every device this agent can control (none without a control)."""
         return [] if self.control is None else self.control.uuids()

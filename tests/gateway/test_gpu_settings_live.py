@@ -8,10 +8,11 @@ and its kernel token; the agent's own API (fleet token) shows what stays changed
 from __future__ import annotations
 
 import contextlib
+import signal
 
 import pytest
 
-from kernelfleet.testing import call_json, wait_for
+from kernelfleet.testing import call_json, pid_alive, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -66,8 +67,8 @@ async def kernel(fleet, delete=True):
 
 def agent_devices(fleet) -> dict[str, dict]:
     """The host's devices as its agent reports them (current values, owner), by UUID."""
-    host = fleet.api("GET", "/api/fleet/hosts")[0]
-    status, body = call_json(host["address"] + "/api/gpu-settings", token=fleet.token)
+    hosts = wait_for(lambda: fleet.api("GET", "/api/fleet/hosts"), 15, "the host to register")
+    status, body = call_json(hosts[0]["address"] + "/api/gpu-settings", token=fleet.token)
     assert status == 200, body
     return {device["uuid"]: device for device in body["devices"]}
 
@@ -144,6 +145,20 @@ async def test_a_kernel_deleted_mid_cell_has_its_gpus_reset(fleet):
         assert changed == [{"gpu_clock_mhz": 705, "power_limit_w": 120.0}]
         fleet.api("DELETE", f"/api/kernels/{ws.kernel_id}", expect=204)
         wait_for(lambda: untouched(fleet), 10, "the GPU reset after the kernel went")
+
+
+async def test_settings_of_a_cell_a_restarted_gateway_never_knew_of_are_reset(fleet):
+    """A gateway killed mid-cell: the cell runs on, but the new gateway holds no binding for it
+    (it may bind those devices to another cell), so the devices it changed are reset at once,
+    from the agent's heartbeat, though the replica still runs."""
+    async with kernel(fleet) as ws:
+        msg_id = ws.send("execute_request", {"code": HOLD})
+        await ws.wait_for_output(msg_id, "holding")
+        assert not untouched(fleet)
+        fleet.restart_gateway(signal.SIGKILL)
+        wait_for(lambda: untouched(fleet), 15, "the GPU reset after the gateway restarted")
+        replica = fleet.api("GET", f"/api/fleet/kernels/{ws.kernel_id}")["replicas"][0]
+        assert pid_alive(replica["pid"]), "reset while the replica and its cell run on"
 
 
 @pytest.fixture(scope="module")
