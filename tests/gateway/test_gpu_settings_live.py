@@ -147,6 +147,7 @@ async def test_a_kernel_deleted_mid_cell_has_its_gpus_reset(fleet):
         wait_for(lambda: untouched(fleet), 10, "the GPU reset after the kernel went")
 
 
+@pytest.mark.slow
 async def test_settings_of_a_cell_a_restarted_gateway_never_knew_of_are_reset(fleet):
     """A gateway killed mid-cell: the cell runs on, but the new gateway holds no binding for it
     (it may bind those devices to another cell), so the devices it changed are reset at once,
