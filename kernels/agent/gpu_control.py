@@ -104,9 +104,12 @@ def _listing(values: Sequence[int]) -> str:
 
 
 def parse_settings(body: Mapping[str, Any]) -> Settings:
-    """The knobs of a request body (other keys are the caller's to check), validated as
-    numbers: clocks positive integers, the power limit a positive finite number. At least one
-    knob is required; `InvalidRequest` names what is wrong and lists the knobs."""
+    """The knobs `body` sets, validated as numbers: clocks positive integers, the power limit
+    a positive finite number; null leaves a knob alone. At least one knob is required, and
+    nothing else; `InvalidRequest` names what is wrong and lists the knobs."""
+    unknown = sorted(set(body) - set(KNOBS))
+    if unknown:
+        raise InvalidRequest(f"unknown knob(s) {', '.join(unknown)}; known: {', '.join(KNOBS)}")
     settings: Settings = {}
     for knob in KNOBS:
         value = body.get(knob)

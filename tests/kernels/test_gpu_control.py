@@ -244,7 +244,9 @@ def test_a_virtual_gpu_may_refuse_as_a_non_root_agent_is_refused() -> None:
 
 
 def test_settings_bodies_are_checked() -> None:
-    assert parse_settings({"gpu_clock_mhz": 900, "dry_run": True}) == {"gpu_clock_mhz": 900}
+    assert parse_settings({"gpu_clock_mhz": 900, "power_limit_w": None}) == {"gpu_clock_mhz": 900}
+    with pytest.raises(InvalidRequest, match="unknown knob"):
+        parse_settings({"gpu_clock_mhz": 900, "sm_clock_mhz": 900})
     assert parse_settings({"power_limit_w": 250}) == {"power_limit_w": 250.0}
     for bad in ({}, {"gpu_clock_mhz": "fast"}, {"gpu_clock_mhz": 900.5}, {"power_limit_w": -1},
                 {"mem_clock_mhz": True}, {"power_limit_w": float("nan")}):  # fmt: skip
