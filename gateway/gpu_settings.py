@@ -50,7 +50,8 @@ class KernelLookup(Protocol):
 
 
 class GpuSettingsService:
-    """See the module docstring. Built once by the gateway app, which listens to `ledger`."""
+    """See the module docstring. Built once by the gateway app; from then on it listens to
+    the ledger's releases and to the hosts' reports."""
 
     def __init__(self, kernels: KernelLookup, hosts: HostRegistry) -> None:
         self._kernels = kernels

@@ -221,7 +221,9 @@ class GpuSettings:
             self._save()
 
     def _save(self) -> None:
-        """Write what stays changed, atomically (a temporary file renamed over the old)."""
+        """Write what stays changed, atomically (a temporary file renamed over the old). Not
+        fsynced: what it guards against is the agent's death, not the machine's (a GPU comes
+        back from a reboot with its defaults)."""
         assert self.control is not None
         devices = {
             uuid: {"owner": owner.to_dict(), "changed": self.control.changed(uuid)}
