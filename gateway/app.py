@@ -26,6 +26,7 @@ from kernelfleet import __version__
 from kernelfleet.errors import FleetError
 from kernelfleet.gateway.autoscaler import Autoscaler
 from kernelfleet.gateway.events import EventBus
+from kernelfleet.gateway.gpu_settings import GpuSettingsService
 from kernelfleet.gateway.handlers import routes
 from kernelfleet.gateway.host_provider import LocalProcessHostProvider
 from kernelfleet.gateway.hosts import HostRegistry
@@ -359,6 +360,7 @@ class GatewayApp(Application):
             events=self.events,
         )
         self.kernels.metrics.registry.on_collect(self._collect_gpu_metrics)
+        self.gpu_settings = GpuSettingsService(self.kernels, self.hosts)
         self.kernelspecs = kernelspecs
 
     def init_kernels(self) -> None:
@@ -412,6 +414,7 @@ class GatewayApp(Application):
             kernel_token_check=self.kernels.kernel_of_token,
             kernel_service=self.kernels,
             job_service=self.jobs,
+            gpu_settings=self.gpu_settings,
             host_registry=self.hosts,
             kernelspecs=self.kernelspecs,
             events=self.events,

@@ -93,6 +93,10 @@ class HostRecord:
     link: int | None = None
     """The serial of the link its current agent holds open (`HostRegistry.link_opened`);
     None: no link (not yet, or it broke)."""
+    gpu_settings: list[dict[str, Any]] = field(default_factory=list)
+    """The devices whose clocks or power limit its agent changed, and for whom (`{"uuid",
+    "kernel_id", "binding", "replica_id"}`), as last reported (`kernelfleet.gateway.
+    gpu_settings`)."""
 
     def move_to(self, state: HostState) -> None:
         """Go to `state`; `IllegalTransition` (naming this host) if its table forbids it."""
@@ -223,6 +227,10 @@ class HostRegistry:
             )
         host.gpus, host.replicas, host.instance, host.last_seen = gpus, replicas, instance, now
         host.isolation, host.gpu_type, host.jobs = isolation, gpu_type, jobs
+        changed = body.get("gpu_settings", [])
+        host.gpu_settings = (
+            [c for c in changed if isinstance(c, dict)] if isinstance(changed, list) else []
+        )
         if new or returned:
             data = {"address": address, "gpus": len(gpus), "returned": returned}
             self._events.publish(EventType.HOST_ADDED, data, host_id=host_id)

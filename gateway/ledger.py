@@ -127,6 +127,7 @@ class GpuLedger:
         self._on_breach = on_breach
         self._depth = 0
         self._breach: str | None = None
+        self._release_listeners: list[Callable[[Binding], None]] = []
         if checked:
             log.info("the GPU ledger checks its invariants after every change")
 
@@ -164,6 +165,7 @@ class GpuLedger:
             del self._bindings[(binding.kernel_id, binding.replica_id)]
         for key in [key for key, claim in self._claims.items() if claim.host_id == host_id]:
             del self._claims[key]
+        self._released(cut)
         return cut
 
     def hosts(self) -> list[str]:
@@ -198,6 +200,7 @@ class GpuLedger:
         self._forget_warm(key)
         if binding is not None:
             self._drop_vanished(binding)
+            self._released((binding,))
         return binding
 
     @_mutates
@@ -292,6 +295,7 @@ class GpuLedger:
             self._drop_vanished(binding)
             if not warm:
                 self._forget_warm(key)
+        self._released(released)
         return released
 
     @_mutates
@@ -503,6 +507,24 @@ class GpuLedger:
                     log.exception("the ledger's on_breach callback failed")
         else:
             self._breach = None
+
+    # ---- release listeners -----------------------------------------------------------------
+
+    def on_release(self, listener: Callable[[Binding], None]) -> None:
+        """Call `listener(binding)` for every binding that leaves the ledger from now on,
+        whatever the reason (its cell ended, its replica or kernel went, its host was dropped),
+        just after it left. The one place every release passes: what must be undone when
+        devices are released is hooked here. A listener must not change the ledger; what it
+        raises is logged and swallowed."""
+        self._release_listeners.append(listener)
+
+    def _released(self, bindings: Iterable[Binding]) -> None:
+        for binding in bindings:
+            for listener in self._release_listeners:
+                try:
+                    listener(binding)
+                except Exception:
+                    log.exception("a release listener failed on %s", binding)
 
     # ---- internals -------------------------------------------------------------------------
 

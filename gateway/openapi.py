@@ -15,6 +15,7 @@ from typing import Any
 from kernelfleet import __version__
 from kernelfleet.gateway.event_schemas import EventType
 from kernelfleet.gateway.hosts import ISOLATION_KERNEL_USERS
+from kernelfleet.gateway.openapi_gpu_settings import gpu_settings_paths, gpu_settings_schemas
 from kernelfleet.gateway.openapi_jobs import job_paths, job_schemas
 
 _INT = {"type": "integer", "minimum": 0}
@@ -574,6 +575,8 @@ _PATHS: dict[str, Any] = {
 
 _SCHEMAS.update(job_schemas())
 _PATHS.update(job_paths(_AUTH_ERRORS))
+_SCHEMAS.update(gpu_settings_schemas())
+_PATHS.update(gpu_settings_paths(_KERNEL_ID, _AUTH_ERRORS))
 
 _SPEC: dict[str, Any] = {
     "openapi": "3.0.3",

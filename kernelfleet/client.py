@@ -4,7 +4,8 @@ It runs inside a kernel (the ``%fleet`` and ``%gpus`` magics are a thin shell ov
 Python process; it needs neither IPython nor anything beyond the standard library. Inside a
 kernelfleet kernel, ``FleetClient.from_environment()`` finds the gateway and the kernel's own
 token in the replica's environment. That token is scoped to the kernel: it reads the kernel and
-the fleet summary, and acts on this kernel only (migrate it, set its GPU count).
+the fleet summary, and acts on this kernel only (migrate it, set its GPU count, set the clocks
+and power limits of the GPUs its running cell holds).
 
 Every call is one blocking HTTP request with a timeout. Errors:
 
@@ -146,6 +147,41 @@ class FleetClient:
         """Make `gpus` this kernel's GPU count for its later cells; returns the kernel model.
         More than any host has raises `FleetApiError` 400 ``invalid-request``."""
         return self._call("PUT", self._kernel_path("/gpus"), {"gpus": gpus})
+
+    def gpu_settings(self) -> dict[str, Any]:
+        """``GET /api/fleet/kernels/{id}/gpu-settings``: the clocks and power limits of the GPUs
+        this kernel's running cell holds, with their defaults and ranges: ``{"kernel_id",
+        "host_id", "cell_id", "devices": [{"uuid", "index", "current", "default", "ranges",
+        "changed"}, ...]}``. No running cell holding GPUs raises `FleetApiError` 409
+        ``no-gpus-bound``."""
+        return self._call("GET", self._kernel_path("/gpu-settings"))
+
+    def set_gpu_settings(
+        self,
+        *,
+        gpu_clock_mhz: int | None = None,
+        mem_clock_mhz: int | None = None,
+        power_limit_w: float | None = None,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        """Lock the GPU and/or memory clock (MHz) and/or set the power limit (W) of every GPU
+        this kernel's running cell holds, all or nothing, until the cell ends (its host agent
+        resets them then, however it ends). `dry_run`: change nothing, answer the NVML calls.
+        Returns ``{..., "dry_run", "devices": [{"uuid", "index", "applied", "calls"}]}``.
+        Errors (`FleetApiError`): 400 ``invalid-request`` (a value outside the ranges; the
+        message lists what is supported), 403 ``permission-denied`` (the host may not change
+        them: nothing changed), 409 ``no-gpus-bound``."""
+        knobs = {"gpu_clock_mhz": gpu_clock_mhz, "mem_clock_mhz": mem_clock_mhz,
+                 "power_limit_w": power_limit_w}  # fmt: skip
+        body: dict[str, Any] = {name: value for name, value in knobs.items() if value is not None}
+        if dry_run:
+            body["dry_run"] = True
+        return self._call("PUT", self._kernel_path("/gpu-settings"), body)
+
+    def reset_gpu_settings(self) -> None:
+        """Put the clocks and power limits of this kernel's bound GPUs back to their defaults
+        now (a cell's end does it anyway)."""
+        self._call("DELETE", self._kernel_path("/gpu-settings"))
 
     def events(self, n: int = 20) -> list[dict[str, Any]]:
         """The last `n` fleet events, oldest first; only this kernel's when the client has a

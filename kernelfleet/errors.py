@@ -78,3 +78,10 @@ class LedgerInconsistent(FleetError):
     """The GPU ledger broke one of its invariants: a bug, reported with the exact breach."""
 
     reason = "ledger-inconsistent"
+
+
+class PermissionDenied(FleetError):
+    """The system refused what the fleet asked of it on a caller's behalf (NVML without the
+    right to set a GPU's clocks or power limit, say); nothing it was asked stayed changed."""
+
+    reason = "permission-denied"

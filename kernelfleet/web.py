@@ -38,6 +38,7 @@ from kernelfleet.errors import (
     LedgerInconsistent,
     NoCapacity,
     NotFound,
+    PermissionDenied,
 )
 from kernelfleet.protocol import KERNEL_TOKEN_PREFIX
 
@@ -53,6 +54,7 @@ STATUS_FOR_ERROR: dict[type[FleetError], int] = {
     KernelDead: 409,
     GpusUnavailable: 503,
     LedgerInconsistent: 500,
+    PermissionDenied: 403,
 }
 
 REASON_FOR_STATUS = {

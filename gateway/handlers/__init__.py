@@ -13,6 +13,7 @@ from kernelfleet.gateway.handlers.fleet import (
     OpenApiHandler,
     ReplicaMigrateHandler,
 )
+from kernelfleet.gateway.handlers.gpu_settings import KernelGpuSettingsHandler
 from kernelfleet.gateway.handlers.host_link import HostLinkHandler
 from kernelfleet.gateway.handlers.jobs import job_routes
 from kernelfleet.gateway.handlers.jupyter import (
@@ -51,6 +52,7 @@ def routes() -> list[tuple[str, type]]:
         (rf"/api/fleet/kernels/{_KERNEL_ID}/?", FleetKernelHandler),
         (rf"/api/fleet/kernels/{_KERNEL_ID}/migrate/?", KernelMigrateHandler),
         (rf"/api/fleet/kernels/{_KERNEL_ID}/gpus/?", KernelGpusHandler),
+        (rf"/api/fleet/kernels/{_KERNEL_ID}/gpu-settings/?", KernelGpuSettingsHandler),
         (
             rf"/api/fleet/kernels/{_KERNEL_ID}/replicas/(?P<replica_id>[\w.-]+)/migrate/?",
             ReplicaMigrateHandler,

@@ -54,6 +54,14 @@ from traitlets import (
 from traitlets.config import Application, catch_config_error
 
 from kernelfleet import __version__
+from kernelfleet.kernels.agent.gpu_control import (
+    GpuControl,
+    GpuControlFailed,
+    NvmlGpuControl,
+    VirtualGpuControl,
+    parse_virtual_ranges,
+)
+from kernelfleet.kernels.agent.gpu_settings import GpuSettings
 from kernelfleet.kernels.agent.gpus import (
     INVENTORY_KINDS,
     VIRTUAL_GPU_TYPE,
@@ -65,7 +73,7 @@ from kernelfleet.kernels.agent.handlers import handlers
 from kernelfleet.kernels.agent.heartbeat import GatewayHeartbeat, GatewayLink
 from kernelfleet.kernels.agent.jobs import JobTable
 from kernelfleet.kernels.agent.kernel_process import KernelUser, choose_isolation
-from kernelfleet.kernels.agent.replicas import ID_PATTERN, ReplicaTable
+from kernelfleet.kernels.agent.replicas import ID_PATTERN, ReplicaState, ReplicaTable
 from kernelfleet.privileges import mark_non_dumpable
 from kernelfleet.runtime_file import AgentRuntime, remove_runtime, write_runtime
 from kernelfleet.web import log_request
@@ -278,7 +286,31 @@ class HostAgentApp(Application):
         "whole folder goes at once.",
     ).tag(config=True)
 
+    virtual_gpu_ranges = Unicode(
+        help='Clocks and power limits virtual GPUs accept, as JSON: {"gpu_clock_mhz": [MHz, '
+        '...], "mem_clock_mhz": [MHz, ...], "power_limit_w": [min, max]} (a key left out: '
+        "an A100's). Default: $KERNELFLEET_VIRTUAL_GPU_RANGES, else an A100's.",
+    ).tag(config=True)
+
+    virtual_gpu_settings_permitted = Bool(
+        True,
+        help="Whether virtual GPUs accept changes of their clocks and power limits; False "
+        "refuses them as NVML refuses an agent that is not root (for tests).",
+    ).tag(config=True)
+
     # -- defaults from the environment ------------------------------------------------------
+
+    @default("virtual_gpu_ranges")
+    def _virtual_gpu_ranges_default(self) -> str:
+        return _env("KERNELFLEET_VIRTUAL_GPU_RANGES") or ""
+
+    @validate("virtual_gpu_ranges")
+    def _validate_virtual_gpu_ranges(self, proposal: Any) -> str:
+        try:
+            parse_virtual_ranges(str(proposal["value"]))
+        except ValueError as e:
+            raise TraitError(str(e)) from None
+        return str(proposal["value"])
 
     @default("log")
     def _log_default(self) -> logging.Logger:
@@ -423,6 +455,7 @@ class HostAgentApp(Application):
         self.init_state_dir()
         self.init_host_id()
         self.init_inventory()
+        self.init_gpu_settings()
         self.init_replicas()
         self.init_webapp()
         self.init_heartbeat()
@@ -462,6 +495,31 @@ class HostAgentApp(Application):
         except (ValueError, GpuUnavailable) as e:
             raise TraitError(str(e)) from e
 
+    def init_gpu_settings(self) -> None:
+        """The control of the GPUs' clocks and power limits (NVML for real GPUs), and a reset
+        of what a previous run of the agent left changed (`GpuSettings.restore`)."""
+        devices = self.inventory.devices()
+        control: GpuControl | None = None
+        why = ""
+        if self.inventory.kind == "nvml":
+            try:
+                control = NvmlGpuControl(devices)
+            except GpuControlFailed as e:
+                why = e.message
+                self.log.warning("GPU clocks and power limits cannot be set here: %s", why)
+        else:
+            control = VirtualGpuControl(
+                devices,
+                parse_virtual_ranges(self.virtual_gpu_ranges),
+                permitted=self.virtual_gpu_settings_permitted,
+            )
+        self.gpu_settings = GpuSettings(control, self.state_path, self._live_replica_ids, why)
+        self.gpu_settings.restore()
+
+    def _live_replica_ids(self) -> set[str]:
+        running = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.RESTARTING)
+        return {r.id for r in self.replicas.all() if r.state in running}
+
     def init_replicas(self) -> None:
         replicas_dir = self.state_path / "replicas"
         self.isolation = choose_isolation(KernelUser(self.kernel_user), replicas_dir)
@@ -499,6 +557,7 @@ class HostAgentApp(Application):
             token=self.token,
             replicas=self.replicas,
             jobs=self.jobs,
+            gpu_settings=self.gpu_settings,
             host_report=self.host_report,
             log_function=log_request,
         )
@@ -542,9 +601,11 @@ class HostAgentApp(Application):
             "replicas": self.replicas.models(),
             "jobs": self.jobs.models(),
             "isolation": self.isolation.model(),
+            "gpu_settings": self.gpu_settings.owners(),
         }
 
     def _on_replicas_changed(self) -> None:
+        self.gpu_settings.replicas_changed()
         if self.heartbeat is not None:
             self.heartbeat.poke()
 

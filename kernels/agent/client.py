@@ -152,6 +152,41 @@ class HostAgentClient:
         """Drop an exited job (and its log) from the agent."""
         await self._call("DELETE", f"/api/jobs/{quote(job_id, safe='')}")
 
+    async def gpu_settings(self, uuids: list[str]) -> list[dict[str, Any]]:
+        """``GET /api/gpu-settings``: each device's current, default and changed settings,
+        its ranges and its owner."""
+        query = "&".join(f"uuid={quote(uuid, safe='')}" for uuid in uuids)
+        result: dict[str, Any] = await self._call("GET", f"/api/gpu-settings?{query}")
+        return list(result["devices"])
+
+    async def set_gpu_settings(
+        self,
+        uuids: list[str],
+        owner: dict[str, Any],
+        settings: dict[str, Any],
+        dry_run: bool = False,
+    ) -> list[dict[str, Any]]:
+        """``PUT /api/gpu-settings``: change `uuids` for `owner` (``{"kernel_id", "binding",
+        "replica_id"}``), all or nothing; per device ``{"uuid", "index", "applied", "calls"}``.
+        Raises ``PermissionDenied`` (NVML refused: nothing stays changed), ``InvalidRequest``
+        (a value out of range), ``Conflict`` (the replica does not run there) or
+        ``HostUnavailable``."""
+        body = {"uuids": uuids, "owner": owner, "settings": settings, "dry_run": dry_run}
+        result: dict[str, Any] = await self._call("PUT", "/api/gpu-settings", body)
+        return list(result["devices"])
+
+    async def reset_gpu_settings(
+        self,
+        uuids: list[str] | None = None,
+        kernel_id: str | None = None,
+        binding: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """``POST /api/gpu-settings/reset``: back to the defaults, the devices changed for
+        `kernel_id` (and `binding`) among `uuids`; per device the calls made."""
+        body = {"uuids": uuids, "kernel_id": kernel_id, "binding": binding}
+        result: dict[str, Any] = await self._call("POST", "/api/gpu-settings/reset", body)
+        return list(result["devices"])
+
     def close(self) -> None:
         """Release the connections; the next call opens new ones."""
         if self._http is not None:

@@ -16,6 +16,13 @@
     GET    /api/jobs/{id}/log?tail=N          {"id", "lines"}: the end of its stdout+stderr
     POST   /api/jobs/{id}/stop                job model, once it exited (body: {"grace": s})
     DELETE /api/jobs/{id}                     204: forget an exited job and its folder
+    GET    /api/gpu-settings?uuid=U[&uuid=V]  {"devices": [{"uuid", "index", "current",
+                                              "default", "ranges", "changed", "owner"}, ...]}
+    PUT    /api/gpu-settings                  {"devices": [{"uuid", "index", "applied",
+                                              "calls"}, ...]} (body: {"uuids", "owner",
+                                              "settings", "dry_run"?}; `GpuSettings.apply`)
+    POST   /api/gpu-settings/reset            {"devices": [{"uuid", "index", "calls"}, ...]}
+                                              (body: {"uuids"?, "kernel_id"?, "binding"?})
 
 Handlers only translate: they parse, call the ``ReplicaTable`` / ``HostReport`` in the
 application settings, and raise domain errors that ``ApiHandler`` maps to status codes.
@@ -27,6 +34,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kernelfleet.errors import InvalidRequest
+from kernelfleet.kernels.agent.gpu_control import parse_settings
+from kernelfleet.kernels.agent.gpu_settings import GpuSettings, Owner
 from kernelfleet.kernels.agent.jobs import JobRequest, JobTable
 from kernelfleet.kernels.agent.replicas import ReplicaRequest, ReplicaTable, parse_timeout
 from kernelfleet.web import ApiHandler, NotFoundHandler
@@ -128,6 +137,57 @@ class JobStopHandler(JobsHandlerBase):
         self.write_json(job.model())
 
 
+class GpuSettingsBase(AgentHandler):
+    @property
+    def gpu_settings(self) -> GpuSettings:
+        settings: GpuSettings = self.settings["gpu_settings"]
+        return settings
+
+
+class GpuSettingsHandler(GpuSettingsBase):
+    def get(self) -> None:
+        uuids = self.get_arguments("uuid") or self.gpu_settings.control_uuids()
+        self.write_json({"devices": self.gpu_settings.read(uuids)})
+
+    def put(self) -> None:
+        body = self.json_body()
+        dry_run = body.get("dry_run", False)
+        if not isinstance(dry_run, bool):
+            raise InvalidRequest("'dry_run' must be true or false")
+        settings = body.get("settings")
+        if not isinstance(settings, dict):
+            raise InvalidRequest("'settings' must be an object of knobs")
+        devices = self.gpu_settings.apply(
+            _uuids(body.get("uuids")),
+            Owner.from_json(body.get("owner")),
+            parse_settings(settings),
+            dry_run=dry_run,
+        )
+        self.write_json({"devices": devices})
+
+
+class GpuSettingsResetHandler(GpuSettingsBase):
+    def post(self) -> None:
+        body = self.json_body()
+        uuids = body.get("uuids")
+        filters = {name: body.get(name) for name in ("kernel_id", "binding")}
+        for name, value in filters.items():
+            if value is not None and not isinstance(value, str):
+                raise InvalidRequest(f"{name!r} must be a string")
+        devices = self.gpu_settings.reset(
+            None if uuids is None else _uuids(uuids),
+            kernel_id=filters["kernel_id"],
+            binding=filters["binding"],
+        )
+        self.write_json({"devices": devices})
+
+
+def _uuids(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(u, str) for u in value):
+        raise InvalidRequest("'uuids' must be a list of GPU UUIDs")
+    return value
+
+
 def handlers() -> list[tuple[str, type[ApiHandler]]]:
     """The URL table of the host agent API."""
     return [
@@ -140,5 +200,7 @@ def handlers() -> list[tuple[str, type[ApiHandler]]]:
         (rf"/api/jobs/{_JOB}", JobHandler),
         (rf"/api/jobs/{_JOB}/log", JobLogHandler),
         (rf"/api/jobs/{_JOB}/stop", JobStopHandler),
+        (r"/api/gpu-settings", GpuSettingsHandler),
+        (r"/api/gpu-settings/reset", GpuSettingsResetHandler),
         (r".*", NotFoundHandler),
     ]

@@ -104,6 +104,10 @@ DECISIONS: dict[tuple[str, str], tuple[object, object]] = {
     (r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/?", "GET"): (OK, FORBIDDEN),
     (r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/migrate/?", "POST"): (OK, FORBIDDEN),
     (r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/gpus/?", "PUT"): (OK, FORBIDDEN),
+    # the clocks and power limits of its own running cell's GPUs (409 here: no cell runs)
+    (r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/gpu-settings/?", "GET"): (OK, FORBIDDEN),
+    (r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/gpu-settings/?", "PUT"): (OK, FORBIDDEN),
+    (r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/gpu-settings/?", "DELETE"): (OK, FORBIDDEN),
     (
         r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/replicas/(?P<replica_id>[\w.-]+)/migrate/?",
         "POST",

@@ -412,3 +412,31 @@ def test_an_unchecked_ledger_does_not_audit() -> None:
     assert ledger.breaches == 0
     with pytest.raises(LedgerInconsistent, match="device 7"):
         ledger.check_invariants()
+
+
+def test_every_release_is_told_to_the_release_listeners_once() -> None:
+    """Whatever releases a binding (its cell's end, its replica or kernel going, its host
+    dropped), listeners hear of it once; a listener that fails does not stop the ledger."""
+    ledger = ledger_with(h1=2, h2=1)
+    heard: list[Binding] = []
+
+    def broken(binding: Binding) -> None:
+        raise RuntimeError("a listener's bug")
+
+    ledger.on_release(broken)
+    ledger.on_release(heard.append)
+    for replica, host in (("r1", "h1"), ("r2", "h1"), ("r3", "h2")):
+        ledger.subscribe(host, "k", replica, 1)
+    ledger.subscribe("h1", "k2", "r4", 1)
+    cell = ledger.commit("h1", "k", "r1", "cell-1", 1).binding
+    ledger.release("k", cell_id="cell-1")
+    ledger.release("k", cell_id="cell-1")
+    gone = ledger.commit("h1", "k", "r2", "cell-2", 1).binding
+    ledger.unsubscribe("k", "r2")
+    lost = ledger.commit("h2", "k", "r3", "cell-3", 1).binding
+    ledger.drop_host("h2")
+    shut = ledger.commit("h1", "k2", "r4", "cell-4", 1).binding
+    ledger.remove_kernel("k2")
+    assert ledger.commit("h1", "k", "r1", "cell-5", 0).device_ids == ()
+    assert heard == [cell, gone, lost, shut]
+    ledger.check_invariants()

@@ -127,7 +127,8 @@ class AgentProcess:
 def host_agent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[..., Awaitable[AgentProcess]]]:
-    """``await host_agent(gateway_url=..., gpus=2, args=[...], env={...})`` -> AgentProcess.
+    """``await host_agent(gateway_url=..., gpus=2, args=[...], env={...}, state_dir=None)``
+    -> AgentProcess.
 
     A sync fixture handing out an async factory, so it works under any asyncio test runner;
     every agent still running at teardown gets SIGTERM (then SIGKILL), and every kernel pid the
@@ -141,10 +142,12 @@ def host_agent(
         args: list[str] | None = None,
         env: dict[str, str] | None = None,
         heartbeat_interval: float = 0.2,
+        state_dir: Path | None = None,
     ) -> AgentProcess:
         n = len(agents)
-        state_dir = tmp_path / f"agent{n}"
-        state_dir.mkdir()
+        if state_dir is None:  # else: that of an agent before it, started again
+            state_dir = tmp_path / f"agent{n}"
+            state_dir.mkdir()
         log_path = tmp_path / f"agent{n}.log"
         argv = ["host", "--state-dir", str(state_dir), "--port", "0"]
         argv += ["--root-dir", str(tmp_path), "--heartbeat-interval", str(heartbeat_interval)]

@@ -111,6 +111,7 @@ async def test_registers_and_heartbeats(host_agent: StartAgent) -> None:
         "replicas": [],
         "jobs": [],
         "isolation": first.body["isolation"],
+        "gpu_settings": [],
     }
     # pytest's folders are 0700: a kernel's own user could not reach this agent's state dir
     assert first.body["isolation"]["kernel_user"] == "agent"
