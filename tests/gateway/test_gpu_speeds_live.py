@@ -8,7 +8,11 @@ device 1 (the faster one, though device 0 comes first in the host's order)."""
 
 from __future__ import annotations
 
+import pytest
+
 from kernelfleet.kernels.agent.fingerprint import configured
+
+pytestmark = pytest.mark.slow  # a fleet of its own: about 10 s
 
 CELL = "%%gpus 1\nimport os\nprint('gpus', os.environ['KERNELFLEET_GPUS'], flush=True)"
 
