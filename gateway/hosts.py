@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from kernelfleet.errors import Conflict, InvalidRequest, NotFound
 from kernelfleet.gateway.event_schemas import EventType
 from kernelfleet.gateway.events import EventBus
+from kernelfleet.gateway.gpu_speeds import checked_gpus
 from kernelfleet.kernels.agent.client import HostAgentClient
 from kernelfleet.states import Transitions, check_transition
 
@@ -198,6 +199,7 @@ class HostRegistry:
         gpus, replicas = body.get("gpus", []), body.get("replicas", [])
         if not isinstance(gpus, list) or not isinstance(replicas, list):
             raise InvalidRequest("'gpus' and 'replicas' must be lists")
+        gpus = checked_gpus(gpus)
         isolation = parse_isolation(body.get("isolation"))
         gpu_type, jobs = body.get("gpu_type", "none"), body.get("jobs", [])
         if not isinstance(gpu_type, str) or not gpu_type or not isinstance(jobs, list):

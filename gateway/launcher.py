@@ -20,6 +20,7 @@ import zmq.asyncio
 from kernelfleet.errors import FleetError, HostUnavailable, KernelStartFailed, NotFound
 from kernelfleet.gateway.event_schemas import EventType
 from kernelfleet.gateway.events import EventBus, publish_binding
+from kernelfleet.gateway.gpu_speeds import speed_bases
 from kernelfleet.gateway.hosts import HostRegistry
 from kernelfleet.gateway.kernel_tokens import KernelTokens
 from kernelfleet.gateway.ledger import GpuLedger, device_ids_of
@@ -182,7 +183,9 @@ class ReplicaLauncher:
         """The replica claims its kernel's GPU need on its host (which the ledger learns of)."""
         if replica.host_id not in self._ledger.hosts():
             host = self._hosts.get(replica.host_id)
-            self._ledger.set_host(host.id, device_ids_of(host.gpus))
+            self._ledger.set_host(
+                host.id, device_ids_of(host.gpus), speed_bases(host.gpus, host.gpu_type)
+            )
         self._ledger.subscribe(replica.host_id, kernel.id, replica.id, kernel.gpus)
 
     def unsubscribe(self, kernel: KernelRecord, replica: ReplicaRecord) -> None:

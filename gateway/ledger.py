@@ -19,6 +19,11 @@ Besides, the ledger remembers which replica's memory may still be **warm** on a 
 was bound there and has not offloaded since); `commit` prefers a replica's own warm devices and
 says whose warm memory it displaces, so the caller can have that replica offload first.
 
+Each device has a **relative speed** (`kernelfleet.gateway.gpu_speeds`: 1.0 is a typical GPU of
+its type), derived from the fingerprints hosts report, fleet-wide; after the replica's own warm
+devices, `commit` prefers the fastest, and `host_snapshot` tells policies how fast a host's free
+GPUs are.
+
 A host that reports fewer devices than before (`set_host`) keeps the bindings on the devices it
 lost until they are released: those devices are listed as ``vanished`` and the host as
 over-committed, they count for nobody's free GPUs, and free counts never go negative.
@@ -48,6 +53,7 @@ from kernelfleet.errors import (
     NoCapacity,
     NotFound,
 )
+from kernelfleet.gateway.gpu_speeds import SpeedBasis, relative_speeds
 from kernelfleet.gateway.ledger_records import (
     Binding,
     Claim,
@@ -81,6 +87,8 @@ class _Host:
     warm: dict[str, ReplicaKey] = field(default_factory=dict)
     lent: dict[str, str] = field(default_factory=dict)
     """Device -> the job it is lent to."""
+    speed_bases: dict[str, SpeedBasis] = field(default_factory=dict)
+    """Device -> what its relative speed is derived from (none: 1.0)."""
 
 
 def _mutates(
@@ -128,15 +136,24 @@ class GpuLedger:
         self._depth = 0
         self._breach: str | None = None
         self._release_listeners: list[Callable[[Binding], None]] = []
+        self._speeds: dict[str, dict[str, float]] | None = None
+        """Host -> device -> relative speed; None: to be derived again (`speeds`)."""
         if checked:
             log.info("the GPU ledger checks its invariants after every change")
 
     # ---- hosts -----------------------------------------------------------------------------
 
     @_mutates
-    def set_host(self, host_id: str, device_ids: Iterable[str]) -> tuple[str, ...]:
+    def set_host(
+        self,
+        host_id: str,
+        device_ids: Iterable[str],
+        speed_bases: Mapping[str, SpeedBasis] | None = None,
+    ) -> tuple[str, ...]:
         """Register a host or take its newly reported devices; call it on every host report.
 
+        `speed_bases`: what each device's relative speed derives from
+        (`kernelfleet.gateway.gpu_speeds.speed_bases`); a device without one is 1.0.
         Returns the bound devices the host no longer reports (newly vanished). Their bindings
         stay until released; devices that come back are ordinary again. Duplicate or empty ids
         are `InvalidRequest`.
@@ -151,6 +168,10 @@ class GpuLedger:
         host.vanished = bound - set(devices)
         host.warm = {d: owner for d, owner in host.warm.items() if d in devices}
         host.lent = {d: job for d, job in host.lent.items() if d in devices}
+        bases = {d: basis for d, basis in (speed_bases or {}).items() if d in devices}
+        if bases != host.speed_bases or self._speeds is None or host_id not in self._speeds:
+            host.speed_bases = bases
+            self._speeds = None
         return newly_vanished
 
     @_mutates
@@ -160,6 +181,7 @@ class GpuLedger:
         Returns the bindings that were cut (their cells lost their GPUs). Idempotent."""
         if self._hosts.pop(host_id, None) is None:
             return ()
+        self._speeds = None
         cut = tuple(b for b in self._bindings.values() if b.host_id == host_id)
         for binding in cut:
             del self._bindings[(binding.kernel_id, binding.replica_id)]
@@ -218,8 +240,9 @@ class GpuLedger:
     ) -> Commitment:
         """Bind `gpus` free devices of `host_id` to cell `cell_id` of a subscribed replica.
 
-        Device choice is deterministic: the replica's own warm devices first, then devices no
-        one is warm on, then the others, each in the host's order (lowest index first).
+        Device choice is deterministic: devices not lent to jobs first; among them the
+        replica's own warm devices, then the fastest (`speeds`), then devices no one is warm
+        on before those warm for others, each in the host's order (lowest index first).
         Committing the same cell again returns the same binding. Zero GPUs binds nothing.
 
         Raises `NotFound` (unknown host), `InvalidRequest` (negative count), `Conflict` (the
@@ -254,9 +277,11 @@ class GpuLedger:
                 f"the cell needs {gpus}"
             )
 
-        def preference(device: str) -> tuple[bool, int]:
+        speeds = self.speeds(host_id)
+
+        def preference(device: str) -> tuple[bool, bool, float, bool]:
             owner = host.warm.get(device)
-            return device in host.lent, 0 if owner == key else 1 if owner is None else 2
+            return device in host.lent, owner != key, -speeds[device], owner is not None
 
         chosen = sorted(free, key=preference)[:gpus]  # sorted() is stable: host order within
         preempted = tuple(sorted({host.lent.pop(d) for d in chosen if d in host.lent}))
@@ -354,6 +379,17 @@ class GpuLedger:
         """Device -> job of the host's loans."""
         return dict(self._host(host_id).lent)
 
+    def speeds(self, host_id: str) -> dict[str, float]:
+        """Device -> relative speed of the host's devices (`kernelfleet.gateway.gpu_speeds`),
+        derived over the whole ledger's hosts; `NotFound` for an unknown host."""
+        host = self._host(host_id)
+        if self._speeds is None:
+            self._speeds = relative_speeds(
+                {name: known.speed_bases for name, known in self._hosts.items()}
+            )
+        known = self._speeds.get(host_id, {})
+        return {device: known.get(device, 1.0) for device in host.devices}
+
     def binding(self, kernel_id: str, replica_id: str) -> Binding | None:
         return self._bindings.get((kernel_id, replica_id))
 
@@ -392,9 +428,12 @@ class GpuLedger:
         """The host as policies see it: committed counts only devices the host still has, so
         ``gpus_idle`` is never negative; replicas are the host's claims, and subscribed GPUs
         the sum of all of them, running or idle (as the simulator counts, and in the unit of
-        the cluster's demand GPUs)."""
+        the cluster's demand GPUs); ``free_gpu_speeds`` are the relative speeds of the devices no
+        cell holds (lent ones included), fastest first."""
         view = self.view(host_id)
         claims = [claim for claim in self._claims.values() if claim.host_id == host_id]
+        speeds = self.speeds(host_id)
+        free = sorted((speeds[d] for d in view.device_ids if d not in view.bound), reverse=True)
         return HostSnapshot(
             id=host_id,
             gpus_total=view.total,
@@ -402,6 +441,7 @@ class GpuLedger:
             gpus_committed=view.committed,
             replicas=len(claims),
             alive=alive,
+            free_gpu_speeds=tuple(free),
         )
 
     def snapshot(self, alive: Callable[[str], bool] | None = None) -> tuple[HostSnapshot, ...]:

@@ -14,6 +14,11 @@ from typing import Any
 
 from kernelfleet import __version__
 from kernelfleet.gateway.event_schemas import EventType
+from kernelfleet.gateway.gpu_speeds import (
+    FINGERPRINT_INTEGERS,
+    FINGERPRINT_NUMBERS,
+    FINGERPRINT_SOURCES,
+)
 from kernelfleet.gateway.hosts import ISOLATION_KERNEL_USERS
 from kernelfleet.gateway.openapi_gpu_settings import gpu_settings_paths, gpu_settings_schemas
 from kernelfleet.gateway.openapi_jobs import job_paths, job_schemas
@@ -46,6 +51,27 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 def _error(description: str) -> dict[str, Any]:
     return _json(_ref("Error"), description)
+
+
+def _gpu_fingerprint_schema() -> dict[str, Any]:
+    """One GPU's fingerprint (`kernelfleet.kernels.agent.fingerprint.GpuFingerprint`)."""
+    figures = {
+        **{name: {**_SECONDS, "nullable": True} for name in FINGERPRINT_NUMBERS},
+        **{name: {**_INT, "nullable": True} for name in FINGERPRINT_INTEGERS},
+    }
+    return {
+        **_object(
+            {
+                "source": {"type": "string", "enum": list(FINGERPRINT_SOURCES)},
+                **figures,
+                "notes": _STRINGS,
+            }
+        ),
+        "description": "How fast a GPU is, as its agent found at start: `measured` (matmul "
+        "TFLOPS fp16/fp32 and device copy GB/s through torch; clocks in MHz and power in W "
+        "through NVML), `configured` (a virtual GPU: `speed_factor`) or `unmeasured` (`notes` "
+        "says why). A figure that could not be read is null.",
+    }
 
 
 _AUTH_ERRORS = {
@@ -171,9 +197,17 @@ _SCHEMAS: dict[str, Any] = {
                     "devices": {
                         "type": "array",
                         "items": _object(
-                            {"id": {"type": "string"}, "lent_to_job": _NULLABLE_STRING}
+                            {
+                                "id": {"type": "string"},
+                                "lent_to_job": _NULLABLE_STRING,
+                                "relative_speed": {"type": "number", "minimum": 0},
+                                "fingerprint": {**_ref("GpuFingerprint"), "nullable": True},
+                            }
                         ),
-                        "description": "Its devices; `lent_to_job`: the job it is lent to.",
+                        "description": "Its devices; `lent_to_job`: the job it is lent to; "
+                        "`relative_speed`: its speed against the median GPU of its type in the "
+                        "fleet (a virtual GPU's configured factor; 1.0 when unknown); "
+                        "`fingerprint`: what its agent measured at start (null: nothing).",
                     },
                 }
             ),
@@ -185,6 +219,7 @@ _SCHEMAS: dict[str, Any] = {
             },
         }
     ),
+    "GpuFingerprint": _gpu_fingerprint_schema(),
     "HostReport": {
         **_object(
             {

@@ -16,6 +16,7 @@ from kernelfleet.errors import FleetError
 from kernelfleet.gateway.background import Background
 from kernelfleet.gateway.event_schemas import EventType
 from kernelfleet.gateway.events import EventBus, publish_binding
+from kernelfleet.gateway.gpu_speeds import speed_bases
 from kernelfleet.gateway.hosts import HostRecord
 from kernelfleet.gateway.kernel_table import KernelTable
 from kernelfleet.gateway.launcher import CapacityListener
@@ -59,7 +60,9 @@ class HostReconciler:
     def on_host_report(self, host: HostRecord, restarted: bool) -> None:
         """Apply a host's report. After an agent restart, replicas it does not list are dead."""
         self._stop_given_up(host, restarted)
-        vanished = self._ledger.set_host(host.id, device_ids_of(host.gpus))
+        vanished = self._ledger.set_host(
+            host.id, device_ids_of(host.gpus), speed_bases(host.gpus, host.gpu_type)
+        )
         if vanished:
             log.error("host %s no longer reports GPU(s) %s", host.id, ", ".join(vanished))
         self._capacity.capacity_changed()

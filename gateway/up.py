@@ -50,6 +50,7 @@ class UpApp(Application):
         "token": "UpApp.token",
         "hosts": "UpApp.hosts",
         "gpus-per-host": "UpApp.gpus_per_host",
+        "gpu-speed": "UpApp.gpu_speed",
         "replicas": "UpApp.replicas",
         "state-dir": "UpApp.state_dir",
         "max-hosts": "UpApp.max_hosts",
@@ -71,6 +72,12 @@ class UpApp(Application):
     )
     hosts = Int(3, config=True, help="Number of local host agents.")
     gpus_per_host = Int(2, config=True, help="Virtual GPUs per host agent.")
+    gpu_speed = Unicode(
+        "",
+        config=True,
+        help="The relative speed of each host's virtual GPUs, passed to every agent as its "
+        "--gpu-speed: one factor for all ('0.8') or one per GPU ('1.0,0.5'). Default: 1.0.",
+    )
     replicas = Int(3, config=True, help="Replicas per kernel (at most the number of hosts).")
     autoscale = Bool(
         False,
@@ -171,7 +178,11 @@ class UpApp(Application):
             self._spawn(
                 f"host-{i}",
                 host_agent_args(
-                    self.url, f"host-{i}", self.gpus_per_host, f"{self.state_dir}/host-{i}"
+                    self.url,
+                    f"host-{i}",
+                    self.gpus_per_host,
+                    f"{self.state_dir}/host-{i}",
+                    *(["--gpu-speed", self.gpu_speed] if self.gpu_speed else []),
                 ),
             )
             for i in range(1, self.hosts + 1)

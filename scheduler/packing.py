@@ -30,10 +30,15 @@ class PackingPolicy(NotebookOSPolicy):
 
     name = "packing"
 
-    def pick_executor(self, able: list[HostSnapshot], kernel: KernelSnapshot) -> HostSnapshot:
-        """The replica host with the fewest idle GPUs that can commit the cell's (best fit;
-        the previous executor first on a tie)."""
-        return min(able, key=lambda h: (h.gpus_idle, h.id != kernel.executor_host, h.id))
+    def pick_executor(
+        self, able: list[HostSnapshot], kernel: KernelSnapshot, gpus: int = 1
+    ) -> HostSnapshot:
+        """The replica host with the fewest idle GPUs that can commit the cell's `gpus` (best
+        fit; on a tie the previous executor first, then the fastest free GPUs)."""
+        return min(
+            able,
+            key=lambda h: (h.gpus_idle, h.id != kernel.executor_host, -h.free_speed(gpus), h.id),
+        )
 
     def migration_target_for(
         self, snapshot: FleetSnapshot, gpus: int, exclude: tuple[str, ...]
@@ -45,8 +50,8 @@ def best_fit_target(
     snapshot: FleetSnapshot, gpus: int, exclude: tuple[str, ...] = ()
 ) -> HostSnapshot | None:
     """The alive host, not in `exclude`, that can commit `gpus` with the fewest idle GPUs left
-    (then fewest replicas, then id); None if no host can."""
+    (then fewest replicas, then the fastest free GPUs, then id); None if no host can."""
     able = [h for h in snapshot.alive_hosts() if h.id not in exclude and h.can_commit(gpus)]
     if not able:
         return None
-    return min(able, key=lambda h: (h.gpus_idle, h.replicas, h.id))
+    return min(able, key=lambda h: (h.gpus_idle, h.replicas, -h.free_speed(gpus), h.id))

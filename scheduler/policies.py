@@ -1,7 +1,9 @@
 """The built-in policies: ``notebookos``, ``reservation`` and ``fcfs-batch``.
 
 Each is pure: decisions are functions of the snapshot and the request (docs/notebookos.md for the
-NotebookOS formulas). Ties are broken by host id so equal inputs give equal answers.
+NotebookOS formulas). Among hosts equal by a policy's own rule, the one whose free GPUs are
+faster (`HostSnapshot.free_speed`: per-GPU speeds from the fleet's fingerprints) is preferred;
+remaining ties are broken by host id so equal inputs give equal answers.
 """
 
 from __future__ import annotations
@@ -112,18 +114,20 @@ class NotebookOSPolicy(AutoscalingPolicy):
         replicas = _hosts(snapshot, kernel.replica_hosts)
         able = [host for host in replicas if host.can_commit(request.gpus)]
         if able:
-            return RunOn(self.pick_executor(able, kernel).id)
+            return RunOn(self.pick_executor(able, kernel, request.gpus).id)
         target = self.migration_target_for(snapshot, request.gpus, kernel.replica_hosts)
         if target is not None:
             source = _migration_source(replicas, kernel.replica_hosts, kernel.executor_host)
             return Migrate(from_host=source, to_host=target.id)
         return _grow_or_wait(snapshot, request.gpus)
 
-    def pick_executor(self, able: list[HostSnapshot], kernel: KernelSnapshot) -> HostSnapshot:
-        """Among replica hosts that can commit the cell's GPUs: the previous executor's, else
-        the one with the most idle GPUs (then by id)."""
+    def pick_executor(
+        self, able: list[HostSnapshot], kernel: KernelSnapshot, gpus: int = 1
+    ) -> HostSnapshot:
+        """Among replica hosts that can commit the cell's `gpus` GPUs: the previous executor's,
+        else the one with the most idle GPUs, then the fastest free GPUs, then by id."""
         previous = next((host for host in able if host.id == kernel.executor_host), None)
-        return previous or min(able, key=lambda h: (-h.gpus_idle, h.id))
+        return previous or min(able, key=lambda h: (-h.gpus_idle, -h.free_speed(gpus), h.id))
 
     def migration_target_for(
         self, snapshot: FleetSnapshot, gpus: int, exclude: tuple[str, ...]
@@ -148,7 +152,8 @@ class ReservationPolicy(AutoscalingPolicy):
             return too_large
         fits = [host for host in snapshot.alive_hosts() if host.can_commit(request.gpus)]
         if len(fits) >= request.replicas:
-            chosen = sorted(fits, key=lambda h: (h.gpus_idle, h.id))[: request.replicas]
+            chosen = sorted(fits, key=lambda h: (h.gpus_idle, -h.free_speed(request.gpus), h.id))
+            chosen = chosen[: request.replicas]
             return Placement(tuple(host.id for host in chosen))
         return _grow_or_wait(snapshot, request.gpus)
 
@@ -190,7 +195,9 @@ class FcfsBatchPolicy(AutoscalingPolicy):
             return too_large
         fits = [host for host in snapshot.alive_hosts() if host.can_commit(request.gpus)]
         if fits:
-            return RunOn(min(fits, key=lambda h: (h.gpus_idle, h.id)).id)
+            return RunOn(
+                min(fits, key=lambda h: (h.gpus_idle, -h.free_speed(request.gpus), h.id)).id
+            )
         return _grow_or_wait(snapshot, request.gpus)
 
 
@@ -205,12 +212,22 @@ def migration_target(
     snapshot: FleetSnapshot, gpus: int, exclude: Iterable[str] = ()
 ) -> HostSnapshot | None:
     """The least loaded alive host, not in `exclude`, that can commit `gpus` now: fewest
-    committed GPUs, then lowest subscription, then fewest replicas, then id."""
+    committed GPUs, then lowest subscription, then fewest replicas, then the fastest free GPUs,
+    then id."""
     excluded = set(exclude)
     able = [h for h in snapshot.alive_hosts() if h.id not in excluded and h.can_commit(gpus)]
     if not able:
         return None
-    return min(able, key=lambda h: (h.gpus_committed, h.subscription_ratio(), h.replicas, h.id))
+    return min(
+        able,
+        key=lambda h: (
+            h.gpus_committed,
+            h.subscription_ratio(),
+            h.replicas,
+            -h.free_speed(gpus),
+            h.id,
+        ),
+    )
 
 
 def _accepts_replica(host: HostSnapshot, gpus: int, ratio: float) -> bool:

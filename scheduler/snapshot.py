@@ -17,7 +17,9 @@ class HostSnapshot:
     ``gpus_subscribed`` sums the GPU needs of every replica on the host (claims, not
     exclusive: a running cell's replica is counted here and in ``gpus_committed``);
     ``gpus_committed`` counts GPUs bound to a running cell (or, for a reserving policy, to a
-    session).
+    session). ``free_gpu_speeds``: the relative speeds of the GPUs no cell holds, fastest first
+    (1.0: a typical GPU of its type); empty when the caller does not know them (the simulator),
+    which `free_speed` takes for 1.0.
     """
 
     id: str
@@ -26,6 +28,14 @@ class HostSnapshot:
     gpus_committed: int = 0
     replicas: int = 0
     alive: bool = True
+    free_gpu_speeds: tuple[float, ...] = ()
+
+    def free_speed(self, gpus: int) -> float:
+        """How fast a cell needing `gpus` GPUs would run here: the slowest of the `gpus`
+        fastest free GPUs (a multi-GPU cell waits for its slowest). 1.0 when unknown."""
+        if gpus <= 0 or len(self.free_gpu_speeds) < gpus:
+            return 1.0
+        return self.free_gpu_speeds[gpus - 1]
 
     @property
     def gpus_idle(self) -> int:

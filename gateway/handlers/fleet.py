@@ -56,12 +56,26 @@ def vanished_gpus(handler: GatewayHandler, host_id: str) -> dict[str, Any]:
 
 def device_models(handler: GatewayHandler, host_id: str) -> list[dict[str, Any]]:
     """The host's devices, each with the background job it is lent to (``lent_to_job``: a job
-    id, or null)."""
+    id, or null), its ``fingerprint`` as its agent reported it (null if none) and the
+    ``relative_speed`` the gateway derived from it (`kernelfleet.gateway.gpu_speeds`)."""
     ledger = handler.kernels.ledger
     if host_id not in ledger.hosts():
         return []
-    lent = ledger.lent(host_id)
-    return [{"id": d, "lent_to_job": lent.get(d)} for d in ledger.view(host_id).device_ids]
+    lent, speeds = ledger.lent(host_id), ledger.speeds(host_id)
+    reported = {
+        str(gpu.get("index")): gpu.get("fingerprint")
+        for gpu in handler.hosts.get(host_id).gpus
+        if isinstance(gpu, dict)
+    }
+    return [
+        {
+            "id": d,
+            "lent_to_job": lent.get(d),
+            "relative_speed": speeds[d],
+            "fingerprint": reported.get(d),
+        }
+        for d in ledger.view(host_id).device_ids
+    ]
 
 
 def fleet_model(handler: GatewayHandler) -> dict[str, Any]:

@@ -6,6 +6,12 @@ reports them (or the figure the job measured itself, when it sends one): an expo
 weighted mean over its reports, in steps/s of the whole job. A type a job never ran on is
 assumed as fast as the mean of the types it did run on (1 step/s when it ran nowhere yet): an
 agnostic guess that the first round on that type corrects.
+
+GPUs of one type differ in speed (`kernelfleet.gateway.gpu_speeds`). A lease runs at its
+slowest GPU's relative speed (`kernelfleet.scheduler.jobs.placement.lease_speed`), so a rate
+seen on a lease is divided by that speed before it is learned: the figures are per GPU type at
+speed 1.0 (a typical GPU of the type), and a lease's expected throughput is the type's figure
+times its speed. A job that ran on slow GPUs is thus not taken for a slow job.
 """
 
 from __future__ import annotations
@@ -44,16 +50,19 @@ class ThroughputMeter:
         steps_done: int,
         measured: float | None = None,
         now: float | None = None,
+        speed: float = 1.0,
     ) -> float | None:
-        """Fold a report in; returns the type's new figure (None when nothing was learned)."""
+        """Fold a report in from a lease of relative `speed`; returns the type's new figure at
+        speed 1.0 (None when nothing was learned)."""
         now = time.monotonic() if now is None else now
         rate = measured
         if rate is None and self.since is not None and now - self.since >= MIN_INTERVAL_S:
             if steps_done > self.steps:
                 rate = (steps_done - self.steps) / (now - self.since)
             self.since, self.steps = now, steps_done
-        if rate is None or rate <= 0:
+        if rate is None or rate <= 0 or speed <= 0:
             return None
+        rate /= speed
         old = self.learned.get(gpu_type)
         self.learned[gpu_type] = rate if old is None else SMOOTHING * rate + (1 - SMOOTHING) * old
         return self.learned[gpu_type]

@@ -52,7 +52,7 @@ from kernelfleet.gateway.jobs.whatif import what_if
 from kernelfleet.gateway.ledger import GpuLedger
 from kernelfleet.protocol import JobEnv
 from kernelfleet.scheduler.jobs.model import RoundPlan
-from kernelfleet.scheduler.jobs.placement import HostDevices, Placement, place
+from kernelfleet.scheduler.jobs.placement import HostDevices, Placement, lease_speed, place
 from kernelfleet.scheduler.jobs.policy import (
     JobPolicy,
     available_job_policies,
@@ -210,7 +210,8 @@ class JobService:
         job.steps_done, job.checkpoint_step = steps, checkpoint
         if job.lease is not None:
             meter = self._meters.setdefault(job.id, ThroughputMeter())
-            figure = meter.report(job.lease.gpu_type, steps, measured)
+            speed = lease_speed(job.lease.devices, self._speeds(job.lease.host))
+            figure = meter.report(job.lease.gpu_type, steps, measured, speed=speed)
             if figure is not None:
                 job.throughput[job.lease.gpu_type] = round(figure, 4)
         self._changed()
@@ -406,8 +407,15 @@ class JobService:
             }
             free = set(self._ledger.lendable(host.id)) | running
             devices = tuple(d for d in self._ledger.view(host.id).device_ids if d in free)
-            pool.append(HostDevices(host.id, host.gpu_type, devices))
+            speeds = self._ledger.speeds(host.id)
+            pool.append(
+                HostDevices(host.id, host.gpu_type, devices, tuple(speeds[d] for d in devices))
+            )
         return pool
+
+    def _speeds(self, host_id: str) -> dict[str, float]:
+        """The relative speeds of the host's devices; none for a host the ledger lost."""
+        return self._ledger.speeds(host_id) if host_id in self._ledger.hosts() else {}
 
     # ---- starting and stopping -------------------------------------------------------------
 

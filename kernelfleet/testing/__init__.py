@@ -2,9 +2,10 @@
 
 Enable with ``pytest_plugins = ["kernelfleet.testing"]``. Fixtures are factories:
 
-- ``fleet_factory(hosts=3, gpus=2, env=None, replicas=1, gateway_args=())`` starts a gateway and
-  host agents as subprocesses on ephemeral ports, stopped at the end of the session; ``fleet`` is
-  one shared 3-host fleet for tests that do not break it;
+- ``fleet_factory(hosts=3, gpus=2, env=None, replicas=1, gateway_args=(), gpu_speeds=())``
+  starts a gateway and host agents (``gpu_speeds``: each host's ``--gpu-speed``) as subprocesses
+  on ephemeral ports, stopped at the end of the session; ``fleet`` is one shared 3-host fleet
+  for tests that do not break it;
 - ``private_fleet(...)`` (same arguments) starts a fleet stopped at the end of the test, for tests
   that break it or configure the gateway their own way;
 - ``kernelfleet_up(*args)`` runs ``kernelfleet up ARGS`` (``"--hosts", "1"``...), as a user

@@ -219,10 +219,12 @@ def start_fleet(
     replicas: int | None = 1,
     gateway_args: Sequence[str] = (),
     host_args: Sequence[str] = (),
+    gpu_speeds: Sequence[str] = (),
 ) -> Fleet:
     """A gateway and `hosts` agents (``host-1``...) of `gpus` virtual GPUs each; kernels get
     `replicas` replicas (None: the gateway's default); `gateway_args` go to the gateway,
-    `host_args` to every host agent."""
+    `host_args` to every host agent. `gpu_speeds`: the ``--gpu-speed`` of host-1, host-2...
+    (``"0.5,1.0"``: one factor per GPU, or one for all; hosts beyond the list: 1.0)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     fleet = Fleet(state_dir=state_dir, token=token, env=env or {})
     try:
@@ -231,7 +233,8 @@ def start_fleet(
         fleet.host_args = tuple(host_args)
         fleet.start_gateway(*fleet.gateway_args)
         for i in range(1, hosts + 1):
-            fleet.start_host(f"host-{i}", gpus)
+            speed = gpu_speeds[i - 1] if i <= len(gpu_speeds) else ""
+            fleet.start_host(f"host-{i}", gpus, *(("--gpu-speed", speed) if speed else ()))
     except BaseException:
         fleet.stop()
         raise

@@ -134,6 +134,7 @@ class HostAgentApp(Application):
         "gpus": "HostAgentApp.gpus",
         "gpu-inventory": "HostAgentApp.gpu_inventory",
         "gpu-type": "HostAgentApp.gpu_type",
+        "gpu-speed": "HostAgentApp.gpu_speed",
         "state-dir": "HostAgentApp.state_dir",
         "host-id": "HostAgentApp.host_id",
         "ip": "HostAgentApp.ip",
@@ -186,6 +187,13 @@ class HostAgentApp(Application):
         help="The GPU type this host advertises for virtual GPUs (job schedulers group GPUs "
         "by type, so a heterogeneous fleet can run here). Real GPUs advertise their NVML name. "
         "Default: $KERNELFLEET_GPU_TYPE, else 'virtual'.",
+    ).tag(config=True)
+
+    gpu_speed = Unicode(
+        help="The relative speed of the virtual GPUs (--gpus N): one factor for all ('0.8') or "
+        "a comma list with one per GPU ('1.0,0.5'); the gateway prefers faster GPUs. Real GPUs "
+        "are measured at start instead (a short matmul and copy through torch, clocks and "
+        "power through NVML). Default: $KERNELFLEET_GPU_SPEED, else 1.0.",
     ).tag(config=True)
 
     job_stop_timeout = Float(
@@ -332,6 +340,10 @@ class HostAgentApp(Application):
     @default("gpu_type")
     def _gpu_type_default(self) -> str:
         return _env("KERNELFLEET_GPU_TYPE") or VIRTUAL_GPU_TYPE
+
+    @default("gpu_speed")
+    def _gpu_speed_default(self) -> str:
+        return _env("KERNELFLEET_GPU_SPEED") or ""
 
     @default("state_dir")
     def _state_dir_default(self) -> str:
@@ -490,7 +502,7 @@ class HostAgentApp(Application):
     def init_inventory(self) -> None:
         try:
             self.inventory: GpuInventory = make_inventory(
-                self.gpu_inventory, self.gpus, self.host_id, self.gpu_type
+                self.gpu_inventory, self.gpus, self.host_id, self.gpu_type, self.gpu_speed
             )
         except (ValueError, GpuUnavailable) as e:
             raise TraitError(str(e)) from e

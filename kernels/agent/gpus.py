@@ -7,9 +7,20 @@ host with virtual GPUs runs exactly the same code as a host with real ones.
 from __future__ import annotations
 
 import logging
+import time
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
+
+from kernelfleet.kernels.agent.fingerprint import (
+    MEASURE_TIMEOUT_S,
+    GpuFingerprint,
+    combine,
+    configured,
+    measure_in_child,
+    nvml_readings,
+    parse_speeds,
+)
 
 log = logging.getLogger("kernelfleet.host.gpus")
 
@@ -31,7 +42,8 @@ class GpuDevice:
     """One GPU as the fleet sees it.
 
     ``index`` is the device ordinal on this host (what ``CUDA_VISIBLE_DEVICES`` takes);
-    ``uuid`` is stable across restarts of the agent and unique in the fleet.
+    ``uuid`` is stable across restarts of the agent and unique in the fleet. ``fingerprint``:
+    how fast it is (`kernelfleet.kernels.agent.fingerprint`), None if nobody measured it.
     """
 
     index: int
@@ -39,10 +51,18 @@ class GpuDevice:
     name: str
     memory_total_mib: int
     virtual: bool
+    fingerprint: GpuFingerprint | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form used in the host model and the gateway registration."""
-        return asdict(self)
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "name": self.name,
+            "memory_total_mib": self.memory_total_mib,
+            "virtual": self.virtual,
+            "fingerprint": None if self.fingerprint is None else self.fingerprint.to_dict(),
+        }
 
 
 class GpuInventory(ABC):
@@ -69,9 +89,11 @@ class GpuInventory(ABC):
 
 
 class VirtualInventory(GpuInventory):
-    """``count`` identical virtual GPUs, for machines without GPUs and for tests.
+    """``count`` virtual GPUs, for machines without GPUs and for tests.
 
     UUIDs are ``GPU-virtual-<host_id>-<index>``: stable for a host id, distinct across hosts.
+    ``speeds``: each GPU's configured relative speed (``--gpu-speed``), 1.0 for all if None;
+    it is the GPU's fingerprint.
     """
 
     kind = "virtual"
@@ -84,10 +106,13 @@ class VirtualInventory(GpuInventory):
         name: str = VIRTUAL_GPU_NAME,
         memory_total_mib: int = VIRTUAL_GPU_MEMORY_MIB,
         gpu_type: str = VIRTUAL_GPU_TYPE,
+        speeds: list[float] | None = None,
     ) -> None:
         self._gpu_type = gpu_type
         if count < 0:
             raise ValueError(f"a virtual GPU count cannot be negative (got {count})")
+        if speeds is not None and len(speeds) != count:
+            raise ValueError(f"{len(speeds)} speed factor(s) for {count} virtual GPU(s)")
         self._devices = [
             GpuDevice(
                 index=i,
@@ -95,6 +120,7 @@ class VirtualInventory(GpuInventory):
                 name=name,
                 memory_total_mib=memory_total_mib,
                 virtual=True,
+                fingerprint=configured(1.0 if speeds is None else speeds[i]),
             )
             for i in range(count)
         ]
@@ -111,14 +137,32 @@ class VirtualInventory(GpuInventory):
 class NvmlInventory(GpuInventory):
     """The real GPUs, read once through NVML (``nvidia-ml-py``, imported as ``pynvml``).
 
-    The constructor initialises NVML, reads every device and shuts NVML down again; it raises
-    ``GpuUnavailable`` (with NVML's own explanation) when NVML cannot be initialised.
+    The constructor initialises NVML, reads every device (with its clocks and power) and shuts
+    NVML down again; it raises ``GpuUnavailable`` (with NVML's own explanation) when NVML cannot
+    be initialised. With ``measure`` it then fingerprints the devices' speed through torch, in
+    a child process given ``measure_timeout`` seconds (`kernelfleet.kernels.agent.fingerprint`);
+    that never fails: what cannot be measured is noted in each fingerprint.
     """
 
     kind = "nvml"
 
-    def __init__(self) -> None:
-        self._devices = _read_nvml_devices()
+    def __init__(self, measure: bool = True, measure_timeout: float = MEASURE_TIMEOUT_S) -> None:
+        listed = _read_nvml_devices()
+        measured: dict[str, dict[str, Any]] = {}
+        notes = ["matmul/copy: not asked for"]
+        began = time.monotonic()
+        if measure and listed:
+            measured, notes = measure_in_child(measure_timeout)
+        took = round(time.monotonic() - began, 3)
+        self._devices = [
+            replace(
+                device,
+                fingerprint=combine(device.uuid, readings, [*read_notes, *notes], measured, took),
+            )
+            for device, (readings, read_notes) in listed
+        ]
+        for device in self._devices:
+            log.info("GPU %d (%s): %s", device.index, device.uuid, device.fingerprint)
 
     def devices(self) -> list[GpuDevice]:
         return list(self._devices)
@@ -128,7 +172,11 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _read_nvml_devices() -> list[GpuDevice]:
+_NvmlListing = list[tuple[GpuDevice, tuple[dict[str, Any], list[str]]]]
+
+
+def _read_nvml_devices() -> _NvmlListing:
+    """Every device with its NVML clock and power readings and their notes."""
     import pynvml
 
     try:
@@ -140,15 +188,14 @@ def _read_nvml_devices() -> list[GpuDevice]:
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            devices.append(
-                GpuDevice(
-                    index=i,
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                    name=_text(pynvml.nvmlDeviceGetName(handle)),
-                    memory_total_mib=int(memory.total) // (1024 * 1024),
-                    virtual=False,
-                )
+            device = GpuDevice(
+                index=i,
+                uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                name=_text(pynvml.nvmlDeviceGetName(handle)),
+                memory_total_mib=int(memory.total) // (1024 * 1024),
+                virtual=False,
             )
+            devices.append((device, nvml_readings(pynvml, handle)))
         return devices
     except pynvml.NVMLError as e:
         raise GpuUnavailable(f"NVML failed while listing devices: {e}") from e
@@ -157,29 +204,43 @@ def _read_nvml_devices() -> list[GpuDevice]:
 
 
 def make_inventory(
-    kind: str, virtual_count: int | None, host_id: str, gpu_type: str = VIRTUAL_GPU_TYPE
+    kind: str,
+    virtual_count: int | None,
+    host_id: str,
+    gpu_type: str = VIRTUAL_GPU_TYPE,
+    gpu_speed: str = "",
 ) -> GpuInventory:
     """Build the inventory the agent's configuration asks for.
 
     - ``virtual_count`` set (with kind ``auto`` or ``virtual``): that many virtual GPUs, of
-      type `gpu_type`.
+      type `gpu_type`, with the speed factors `gpu_speed` gives (`parse_speeds`: one for all,
+      or a comma list with one per GPU; empty: 1.0).
     - ``"virtual"`` without a count: no GPUs.
-    - ``"nvml"``: the real GPUs; raises ``GpuUnavailable`` if NVML does not work here.
+    - ``"nvml"``: the real GPUs, fingerprinted; raises ``GpuUnavailable`` if NVML does not work.
     - ``"auto"`` without a count: the real GPUs if NVML initialises, otherwise no GPUs, with one
       INFO line saying why.
 
-    Raises ``ValueError`` for an unknown kind or for ``"nvml"`` combined with a virtual count.
+    Raises ``ValueError`` for an unknown kind, for ``"nvml"`` combined with a virtual count,
+    and for a `gpu_speed` that is malformed or given without virtual GPUs (real GPUs are
+    measured, not configured).
     """
     if kind not in INVENTORY_KINDS:
         raise ValueError(
             f"unknown GPU inventory {kind!r}; choose one of {', '.join(INVENTORY_KINDS)}"
         )
+    virtual = kind == "virtual" or (kind == "auto" and virtual_count is not None)
+    if gpu_speed.strip() and not (virtual and virtual_count):
+        raise ValueError(
+            "--gpu-speed configures virtual GPUs (--gpus N); real GPUs are measured instead"
+        )
     if kind == "nvml":
         if virtual_count is not None:
             raise ValueError("a virtual GPU count cannot be combined with the 'nvml' inventory")
         return NvmlInventory()
-    if kind == "virtual" or virtual_count is not None:
-        return VirtualInventory(virtual_count or 0, host_id, gpu_type=gpu_type)
+    if virtual:
+        count = virtual_count or 0
+        speeds = parse_speeds(gpu_speed, count)
+        return VirtualInventory(count, host_id, gpu_type=gpu_type, speeds=speeds)
     try:
         return NvmlInventory()
     except GpuUnavailable as e:

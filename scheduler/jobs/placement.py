@@ -7,7 +7,13 @@ host and its device ids. `place` does, with three rules:
 - a job that runs already keeps its devices when its lease is the same type and size and those
   devices are still there for jobs (no stop and restart for nothing: Gavel's lease extension);
 - the others go, largest first, to the host of their type with the fewest free devices that
-  still fit them (best fit, so a later large job finds a whole host), lowest device ids first.
+  still fit them (best fit, so a later large job finds a whole host; among equal fits, the host
+  whose lease would be fastest), on the fastest free devices there (lowest device ids first
+  among equals).
+
+Devices of one type differ in speed (`HostDevices.speeds`, relative to a typical GPU of the
+type: `kernelfleet.gateway.gpu_speeds`). A lease runs at the speed of its slowest GPU
+(`lease_speed`): its throughput is the type's times that.
 
 A planned job that fits nowhere (the devices of its type are scattered over hosts, say) waits
 this round: it is absent from the answer.
@@ -23,11 +29,17 @@ from kernelfleet.scheduler.jobs.model import RoundPlan
 
 @dataclass(frozen=True)
 class HostDevices:
-    """The devices of one host that jobs may use this round (no cell holds them), in order."""
+    """The devices of one host that jobs may use this round (no cell holds them), in order;
+    ``speeds``: each device's relative speed, in the same order (empty: 1.0 for all)."""
 
     host: str
     gpu_type: str
     devices: tuple[str, ...]
+    speeds: tuple[float, ...] = ()
+
+    def speed_of(self) -> dict[str, float]:
+        """Device -> relative speed."""
+        return dict(zip(self.devices, self.speeds or (1.0,) * len(self.devices), strict=True))
 
 
 @dataclass(frozen=True)
@@ -39,11 +51,18 @@ class Placement:
     devices: tuple[str, ...]
 
 
+def lease_speed(devices: Sequence[str], speeds: Mapping[str, float]) -> float:
+    """How fast a lease on `devices` runs, relative to the type's typical GPU: its slowest
+    device's speed (`speeds`; a device missing there is 1.0)."""
+    return min((speeds.get(device, 1.0) for device in devices), default=1.0)
+
+
 def place(
     plan: RoundPlan, hosts: Sequence[HostDevices], current: Mapping[str, Placement]
 ) -> dict[str, Placement]:
     """Where each job of `plan` runs; `current` is where running jobs run now."""
-    free = {host.host: list(host.devices) for host in hosts}
+    speeds = {host.host: host.speed_of() for host in hosts}
+    free = {host.host: _fastest_first(host) for host in hosts}
     types = {host.host: host.gpu_type for host in hosts}
     placed: dict[str, Placement] = {}
     for job_id in sorted(plan.leases):
@@ -69,8 +88,18 @@ def place(
         ]
         if not fitting:
             continue
-        host = min(fitting, key=lambda name: len(free[name]))  # min() keeps the first of ties
+
+        def fit(name: str, gpus: int = lease.gpus) -> tuple[int, float]:
+            return len(free[name]), -lease_speed(free[name][:gpus], speeds[name])
+
+        host = min(fitting, key=fit)  # min() keeps the first of ties
         devices = tuple(free[host][: lease.gpus])
         free[host] = free[host][lease.gpus :]
         placed[job_id] = Placement(host, lease.gpu_type, devices)
     return placed
+
+
+def _fastest_first(host: HostDevices) -> list[str]:
+    """The host's devices, fastest first (in the host's order among equals)."""
+    speed = host.speed_of()
+    return sorted(host.devices, key=lambda device: -speed[device])

@@ -39,20 +39,26 @@ def test_a_cell_commits_then_releases_and_idle_replicas_subscribe() -> None:
     ledger = ledger_with(h1=2)
     for replica in ("r1", "r2"):
         ledger.subscribe("h1", "k", replica, 1)
-    assert ledger.host_snapshot("h1") == HostSnapshot("h1", 2, 2, 0, replicas=2)
+    assert ledger.host_snapshot("h1") == HostSnapshot(
+        "h1", 2, 2, 0, replicas=2, free_gpu_speeds=(1.0, 1.0)
+    )
 
     commitment = ledger.commit("h1", "k", "r1", "cell-1", 1)
     assert commitment.device_ids == ("0",)
     assert commitment.displaced == ()
     # policies count the running replica's claim too; the admin view only idle ones
-    assert ledger.host_snapshot("h1") == HostSnapshot("h1", 2, 2, 1, replicas=2)
+    assert ledger.host_snapshot("h1") == HostSnapshot(
+        "h1", 2, 2, 1, replicas=2, free_gpu_speeds=(1.0,)
+    )
     assert ledger.view("h1").subscribed == 1
     assert ledger.totals().committed == 1
     assert ledger.totals().demand == 2
 
     assert ledger.release("k", cell_id="cell-1") == (commitment.binding,)
     assert ledger.release("k", cell_id="cell-1") == ()  # idempotent
-    assert ledger.host_snapshot("h1") == HostSnapshot("h1", 2, 2, 0, replicas=2)
+    assert ledger.host_snapshot("h1") == HostSnapshot(
+        "h1", 2, 2, 0, replicas=2, free_gpu_speeds=(1.0, 1.0)
+    )
     ledger.check_invariants()
 
 
@@ -115,7 +121,9 @@ def test_a_dead_replica_or_host_gives_its_gpus_back() -> None:
     held = ledger.commit("h1", "k", "r1", "x", 1).binding
     assert ledger.unsubscribe("k", "r1") == held
     assert ledger.unsubscribe("k", "r1") is None
-    assert ledger.host_snapshot("h1") == HostSnapshot("h1", 2, 0, 0, replicas=0)
+    assert ledger.host_snapshot("h1") == HostSnapshot(
+        "h1", 2, 0, 0, replicas=0, free_gpu_speeds=(1.0, 1.0)
+    )
 
     cut = ledger.commit("h2", "k", "r2", "y", 1).binding
     assert ledger.drop_host("h2") == (cut,)
@@ -225,7 +233,7 @@ def test_view_to_dict_is_the_admin_model() -> None:
         "warm": {"0": {"kernel": "k", "replica": "r1"}},
     }
     assert ledger.snapshot(alive=lambda host_id: False) == (
-        HostSnapshot("h1", 2, 2, 1, replicas=2, alive=False),
+        HostSnapshot("h1", 2, 2, 1, replicas=2, alive=False, free_gpu_speeds=(1.0,)),
     )
 
 

@@ -26,6 +26,7 @@ from kernelfleet.errors import (
     KernelStartFailed,
     NotFound,
 )
+from kernelfleet.kernels.agent.fingerprint import configured
 from kernelfleet.protocol import CONNECTION_KEYS
 from kernelfleet.testing import free_port, pid_alive, wait_until
 
@@ -104,6 +105,7 @@ async def test_registers_and_heartbeats(host_agent: StartAgent) -> None:
                 "name": "kernelfleet virtual GPU",
                 "memory_total_mib": 16384,
                 "virtual": True,
+                "fingerprint": configured(1.0).to_dict(),
             }
             for i in range(2)
         ],

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+from kernelfleet.kernels.agent.fingerprint import configured
 from kernelfleet.kernels.agent.gpus import (
     GpuDevice,
     GpuUnavailable,
@@ -39,6 +40,7 @@ def test_virtual_inventory_is_stable_per_host() -> None:
         "name": "kernelfleet virtual GPU",
         "memory_total_mib": 16384,
         "virtual": True,
+        "fingerprint": configured(1.0).to_dict(),
     }
 
 
