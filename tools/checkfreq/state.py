@@ -183,7 +183,7 @@ def _module_state(module: torch.nn.Module) -> dict[str, Any]:
         if not isinstance(value, torch.Tensor):
             pickle.dumps(value)  # an extra state that cannot be saved fails here, by name
         elif value.is_meta:
-            raise CheckpointError(f"{key} is on the meta device: it holds no data to save")
+            raise ValueError(f"{key} is on the meta device: it holds no data to save")
         elif key not in params:
             state[key] = value.detach().clone()
     return state
