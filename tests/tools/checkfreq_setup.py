@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy
@@ -46,11 +47,16 @@ Record = tuple[int, float, list[int]]
 
 
 def train(objects: dict[str, Any], steps: int, start: int = 0) -> list[Record]:
-    """Run the plain loop from step `start` to `steps` (no checkpointing code: CheckFreq hooks
-    ``optimizer.step``); return (step, loss, the batch's sample ids) for each step."""
+    """Run the plain loop from step `start` to `steps`; return (step, loss, the batch's sample
+    ids) for each step."""
+    return list(steps_of(objects, steps, start))
+
+
+def steps_of(objects: dict[str, Any], steps: int, start: int = 0) -> Iterator[Record]:
+    """The plain loop (no checkpointing code: CheckFreq hooks ``optimizer.step``) from step
+    `start` to `steps`, yielding (step, loss, the batch's sample ids) after each step."""
     model, optimizer = objects["model"], objects["optimizer"]
     scheduler, loader = objects["scheduler"], objects["loader"]
-    seen = []
     step = start
     while step < steps:
         for xb, yb, ids in loader:
@@ -61,7 +67,6 @@ def train(objects: dict[str, Any], steps: int, start: int = 0) -> list[Record]:
             optimizer.step()
             scheduler.step()
             step += 1
-            seen.append((step, loss.item(), ids.tolist()))
+            yield step, loss.item(), ids.tolist()
             if step >= steps:
                 break
-    return seen

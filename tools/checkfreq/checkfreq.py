@@ -307,9 +307,7 @@ class CheckFreq:
             if self.profiler.steps > self.profile_steps and self._in_flight is None:
                 self._start_checkpoint()
             return
-        if first.error is not None or self.profiler.iter_s is None:
-            self._first_done = None  # measure again with the next checkpoint
-            self._in_flight = None
+        if self.profiler.iter_s is None:
             return
         self.tuner.decide(
             self.profiler.iter_s,
@@ -418,7 +416,7 @@ class CheckFreq:
             extra = state.extra_bytes(flight.captured, flight.late)
             self.store.commit(flight.partial, flight.step, manifest, {state.EXTRA: extra})
             self.store.prune()
-        except Exception as e:
+        except BaseException as e:  # torch.distributed.checkpoint's CheckpointException is one
             self.store.discard(flight.partial)
             flight.error = _why(e)
             self.last_error = f"checkpoint of step {flight.step} not written: {flight.error}"
@@ -453,13 +451,16 @@ class CheckFreq:
 
 
 def _why(e: BaseException) -> str:
-    """One line for a failed write: torch.distributed.checkpoint wraps the OSError."""
-    cause: BaseException | None = e
-    while cause is not None:
-        if isinstance(cause, OSError):
-            return f"{cause.strerror or cause}" + (f": {cause.filename}" if cause.filename else "")
-        cause = cause.__cause__ or cause.__context__
-    for line in str(e).splitlines():
-        if "Error" in line and ":" in line:
-            return line.strip()
+    """One line for a failed write: the OSError under torch.distributed.checkpoint's wrapping
+    (a chain of causes, or its per-rank ``failures``) when there is one."""
+    seen: list[BaseException] = [e]
+    while seen:
+        error = seen.pop()
+        if isinstance(error, OSError):
+            where = f": {error.filename}" if error.filename else ""
+            return f"{error.strerror or error}{where}"
+        failures = getattr(error, "failures", None)
+        if isinstance(failures, dict):
+            seen += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        seen += [c for c in (error.__cause__, error.__context__) if c is not None]
     return f"{type(e).__name__}: {e}".splitlines()[0]
