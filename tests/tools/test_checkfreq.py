@@ -129,7 +129,7 @@ def test_an_unwritable_folder_is_refused_at_attach(tmp_path):
 def test_a_folder_gone_mid_training_is_told_once_and_training_goes_on(tmp_path, capfd):
     folder = tmp_path / "ck"
     objects = training_objects()
-    cf = CheckFreq(folder, namespace=objects, profile_steps=2)
+    cf = CheckFreq(folder, namespace=objects, profile_steps=2, max_overhead=0.9)
     cf.attach()
     train(objects, 6)
     cf.wait()
@@ -150,6 +150,7 @@ def test_a_folder_gone_mid_training_is_told_once_and_training_goes_on(tmp_path, 
     folder.unlink()  # the folder is back: checkpoints succeed again, and the error is cleared
     folder.mkdir()
     train(objects, 26, start=20)
+    cf.checkpoint_now()
     cf.detach()
     assert cf.status().last_error is None
     assert cf.status().last_step > 20

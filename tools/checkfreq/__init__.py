@@ -22,7 +22,24 @@ guard), `store` (the atomic folder layout), `state` (what is captured and restor
 
 from __future__ import annotations
 
-from kernelfleet.tools.checkfreq.checkfreq import CheckFreq, CheckFreqStatus, ResumeReport
-from kernelfleet.tools.checkfreq.errors import CheckpointError
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kernelfleet.tools.checkfreq.checkfreq import CheckFreq, CheckFreqStatus, ResumeReport
+    from kernelfleet.tools.checkfreq.errors import CheckpointError
 
 __all__ = ["CheckFreq", "CheckFreqStatus", "CheckpointError", "ResumeReport"]
+
+
+def __getattr__(name: str) -> Any:
+    """The public names, imported on first use: a kernel loads ``%checkfreq`` at start (this
+    package's `magics`) and must not import torch until the magic is used."""
+    if name == "CheckpointError":
+        from kernelfleet.tools.checkfreq import errors
+
+        return errors.CheckpointError
+    if name in __all__:
+        from kernelfleet.tools.checkfreq import checkfreq
+
+        return getattr(checkfreq, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

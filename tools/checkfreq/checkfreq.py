@@ -79,7 +79,7 @@ class CheckFreqStatus:
     last_error: str | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ResumeReport:
     """What `CheckFreq.resume` restored: the step it continues from, the objects' names, and the
     checkpoint folder."""
@@ -87,6 +87,9 @@ class ResumeReport:
     step: int
     restored: list[str]
     path: str
+
+    def __repr__(self) -> str:
+        return f"resumed at step {self.step} from {self.path}: {', '.join(self.restored)}"
 
 
 @dataclass
