@@ -92,7 +92,7 @@ def test_the_profiler_separates_compute_from_stalls():
     profiler.iteration()
     for _ in range(4):
         clock.advance(0.1)
-        profiler.iteration()
+        profiler.iteration(quiet=True)
     assert profiler.iter_s == pytest.approx(0.1)
     mark = profiler.mark()
     clock.advance(0.1)
@@ -106,6 +106,30 @@ def test_the_profiler_separates_compute_from_stalls():
         clock.advance(0.2)
         profiler.iteration()
     assert profiler.iter_s == pytest.approx(0.2)
+
+
+def test_the_slowdown_counts_what_background_threads_take_from_the_loop():
+    clock = FakeClock()
+    profiler = Profiler(clock=clock)
+    assert profiler.slowdown_since(profiler.mark()) == (0.0, 0.0)
+    profiler.iteration()
+    for _ in range(3):
+        clock.advance(0.1)
+        profiler.iteration(quiet=True)
+    mark = profiler.mark()
+    clock.advance(0.02)  # capturing the state
+    profiler.stalled(0.02)
+    clock.advance(0.1)
+    profiler.iteration()
+    for _ in range(3):  # a persist thread in flight slows each step to 0.12 s
+        clock.advance(0.12)
+        profiler.iteration()
+    assert profiler.quiet_iter_s == pytest.approx(0.1)
+    assert profiler.iter_s == pytest.approx((0.3 + 0.1 + 0.36) / 7)
+    fraction, extra = profiler.slowdown_since(mark)
+    assert extra == pytest.approx(0.02 + 3 * 0.02)  # the stall and the slower steps
+    assert fraction == pytest.approx(0.08 / 0.48)
+    assert profiler.overhead_since(mark) == pytest.approx(0.02 / 0.48)  # the stall alone
 
 
 def test_the_guard_holds_a_step_until_the_snapshot_is_copied():

@@ -61,9 +61,9 @@ PROFILE_STEPS = 5
 @dataclass(frozen=True)
 class CheckFreqStatus:
     """What `CheckFreq.status` reports. Times are seconds (None until measured); `frequency` is
-    the interval in steps (None while profiling); `overhead` the fraction of training time spent
-    stalled by checkpointing since `attach`; `last_step` the step of the newest complete
-    checkpoint (None: none yet)."""
+    the interval in steps (None while profiling); `overhead` the fraction of the wall time since
+    `attach` that checkpointing cost (`Profiler.slowdown_since`); `last_step` the step of the
+    newest complete checkpoint (None: none yet)."""
 
     enabled: bool
     directory: str
@@ -145,7 +145,8 @@ class CheckFreq:
         self._primary: dict[int, bool] = {}
         self._in_flight: _InFlight | None = None
         self._first_done: _InFlight | None = None
-        self._cycle_mark: tuple[float, float] | None = None
+        self._cycle_mark: tuple[float, float, int] | None = None
+        self._attach_mark = self.profiler.mark()
         self._since_checkpoint = 0
         self._told = False
         self._lock = threading.Lock()
@@ -161,6 +162,7 @@ class CheckFreq:
         self.store.prepare()
         captured = self._capture()
         state.extra_bytes(captured, state.capture_late(self.namespace, captured.kinds))
+        self._attach_mark = self.profiler.mark()
         self._hooks = [
             register_optimizer_step_pre_hook(self._before_update),
             register_optimizer_step_post_hook(self._after_update),
@@ -224,7 +226,7 @@ class CheckFreq:
             iter_s=self.profiler.iter_s,
             snapshot_s=self.profiler.snapshot_s,
             persist_s=self.profiler.persist_s,
-            overhead=self.profiler.overhead,
+            overhead=self.profiler.slowdown_since(self._attach_mark)[0],
             max_overhead=self.max_overhead,
             last_step=self.last_step,
             in_flight=flight is not None and not flight.ended,
@@ -286,7 +288,8 @@ class CheckFreq:
         return known
 
     def _boundary(self) -> None:
-        self.profiler.iteration()
+        flight = self._in_flight
+        self.profiler.iteration(quiet=flight is None or flight.ended)
         self.step_count += 1
         self._since_checkpoint += 1
         self._tell()
@@ -299,7 +302,7 @@ class CheckFreq:
         if self._since_checkpoint < self.tuner.interval:
             return
         if self._cycle_mark is not None:
-            self._retune(self.profiler.overhead_since(self._cycle_mark))
+            self._retune(*self.profiler.slowdown_since(self._cycle_mark))
             if self._since_checkpoint < self.tuner.interval:
                 return
         self._start_checkpoint()
@@ -319,16 +322,17 @@ class CheckFreq:
             first.stall,
         )
 
-    def _retune(self, measured: float) -> None:
-        iter_s = self.profiler.iter_s
-        if iter_s is None or self.profiler.stall_s is None:
+    def _retune(self, measured: float, cost_s: float) -> None:
+        """After a cycle that cost `cost_s` seconds in all (`measured`: as a fraction)."""
+        iter_s = self.profiler.quiet_iter_s or self.profiler.iter_s
+        if iter_s is None:
             return
         self.tuner.observe(
             measured,
             iter_s,
             self.profiler.snapshot_s or 0.0,
             self.profiler.persist_s or 0.0,
-            self.profiler.stall_s,
+            cost_s,
         )
 
     # ---- one checkpoint -----------------------------------------------------------------------

@@ -10,7 +10,12 @@ the checkpoint's own threads report `snapshot` and `persist` durations.
 - ``snapshot_s`` / ``persist_s``: the last checkpoint's staging (copy of the state) and persist
   (write, fsync, rename) times;
 - ``stall_s``: what the last checkpoint cost the loop (capture, waiting at the snapshot guard);
-- `overhead_since`: stalled time over wall time since a mark, the figure the bound is about.
+- `overhead_since`: stalled time over wall time since a mark;
+- `slowdown_since`: what a cycle cost in all, stalls and the background threads' competition
+  for the cores alike: its wall time less its steps at the quiet iteration time (``quiet_iter_s``:
+  steps with no checkpoint in flight), as a fraction of its wall time and in seconds. This is
+  the figure the bound is about; on a machine whose cores the training loop fills, it is larger
+  than the stall alone, since the snapshot and persist threads take cores from it.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class Profiler:
     stall_s: float | None = None
     steps: int = 0
     _iters: deque[float] = field(default_factory=deque)
+    _quiet: deque[float] = field(default_factory=deque)
     _last_boundary: float | None = None
     _stall_in_step: float = 0.0
     _stall_total: float = 0.0
@@ -42,17 +48,22 @@ class Profiler:
     def now(self) -> float:
         return self.clock()
 
-    def iteration(self) -> None:
-        """A step boundary (after an optimizer step, or `CheckFreq.step`)."""
+    def iteration(self, quiet: bool = False) -> None:
+        """A step boundary (after an optimizer step, or `CheckFreq.step`); `quiet`: no
+        checkpoint was in flight during the step."""
         now = self.clock()
         with self._lock:
             if self._started is None:
                 self._started = now
             if self._last_boundary is not None:
                 compute = max(now - self._last_boundary - self._stall_in_step, 0.0)
-                self._iters.append(compute)
-                while len(self._iters) > self.window:
-                    self._iters.popleft()
+                kept = [self._iters, self._quiet] if quiet and not self._stall_in_step else [
+                    self._iters
+                ]  # fmt: skip
+                for times in kept:
+                    times.append(compute)
+                    while len(times) > self.window:
+                        times.popleft()
             self._last_boundary = now
             self._stall_in_step = 0.0
             self.steps += 1
@@ -82,18 +93,38 @@ class Profiler:
         with self._lock:
             return sum(self._iters) / len(self._iters) if self._iters else None
 
-    def mark(self) -> tuple[float, float]:
-        """A point to measure overhead from: (now, stalled time so far)."""
+    @property
+    def quiet_iter_s(self) -> float | None:
+        """Mean compute time of the last `window` steps run with no checkpoint in flight."""
         with self._lock:
-            return self.clock(), self._stall_total
+            return sum(self._quiet) / len(self._quiet) if self._quiet else None
 
-    def overhead_since(self, mark: tuple[float, float]) -> float:
+    def mark(self) -> tuple[float, float, int]:
+        """A point to measure overhead from: (now, stalled time so far, steps so far)."""
+        with self._lock:
+            return self.clock(), self._stall_total, self.steps
+
+    def overhead_since(self, mark: tuple[float, float, int]) -> float:
         """The fraction of wall time since `mark` the loop spent stalled by checkpointing."""
-        start, stalled_then = mark
+        start, stalled_then, _ = mark
         with self._lock:
             elapsed = self.clock() - start
             stalled = self._stall_total - stalled_then
         return stalled / elapsed if elapsed > 0 else 0.0
+
+    def slowdown_since(self, mark: tuple[float, float, int]) -> tuple[float, float]:
+        """(fraction, seconds): the wall time since `mark` beyond its steps at the quiet
+        iteration time. Without a quiet measurement yet, the stall alone."""
+        quiet = self.quiet_iter_s
+        start, stalled_then, steps_then = mark
+        with self._lock:
+            elapsed = self.clock() - start
+            extra = (
+                self._stall_total - stalled_then
+                if quiet is None
+                else max(elapsed - (self.steps - steps_then) * quiet, 0.0)
+            )
+        return (extra / elapsed if elapsed > 0 else 0.0), extra
 
     @property
     def overhead(self) -> float:
