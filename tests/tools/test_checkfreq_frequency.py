@@ -106,6 +106,11 @@ def test_the_profiler_separates_compute_from_stalls():
         clock.advance(0.2)
         profiler.iteration()
     assert profiler.iter_s == pytest.approx(0.2)
+    profiler.pause()  # a cell ended; the next one trains an hour later
+    clock.advance(3600)
+    profiler.iteration()
+    assert profiler.iter_s == pytest.approx(0.2)
+    assert profiler.overhead_since(mark) == pytest.approx(0.05 / 0.75)
 
 
 def test_the_slowdown_counts_what_background_threads_take_from_the_loop():

@@ -149,7 +149,6 @@ class CheckFreq:
         self._attach_mark = self.profiler.mark()
         self._since_checkpoint = 0
         self._told = False
-        self._lock = threading.Lock()
 
     # ---- public API ---------------------------------------------------------------------------
 
@@ -197,6 +196,12 @@ class CheckFreq:
             finally:
                 flight.late_taken.set()
             self._stall(self._clock() - started)
+
+    def pause(self) -> None:
+        """The loop stopped for now (a cell ended): `settle`, and the time until the next step
+        is not counted as training time (nor as overhead)."""
+        self.settle()
+        self.profiler.pause()
 
     def wait(self) -> None:
         """Until the checkpoint in flight (if any) is persisted or has failed."""

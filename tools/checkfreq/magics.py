@@ -148,9 +148,10 @@ class CheckFreqMagics(Magics):
             raise UsageError(str(e)) from None
 
     def cell_ended(self, result: Any = None) -> None:
-        """After every cell: a checkpoint started in the cell's last steps is committed now."""
+        """After every cell: a checkpoint started in the cell's last steps is committed now,
+        and the time until the next training step is not counted."""
         if self.checkfreq is not None and self.checkfreq.status().enabled:
-            self.checkfreq.settle()
+            self.checkfreq.pause()
 
     def _namespace(self) -> dict[str, Any]:
         return self.shell.user_ns if self.shell is not None else {}

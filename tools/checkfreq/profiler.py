@@ -10,10 +10,13 @@ the checkpoint's own threads report `snapshot` and `persist` durations.
 - ``snapshot_s`` / ``persist_s``: the last checkpoint's staging (copy of the state) and persist
   (write, fsync, rename) times;
 - ``stall_s``: what the last checkpoint cost the loop (capture, waiting at the snapshot guard);
-- `overhead_since`: stalled time over wall time since a mark;
+Only time between two step boundaries counts: `pause` (a cell ended) makes the next boundary
+start afresh, so the time a notebook sits between cells is neither an iteration nor overhead.
+
+- `overhead_since`: stalled time over training time since a mark;
 - `slowdown_since`: what a cycle cost in all, stalls and the background threads' competition
-  for the cores alike: its wall time less its steps at the quiet iteration time (``quiet_iter_s``:
-  steps with no checkpoint in flight), as a fraction of its wall time and in seconds. This is
+  for the cores alike: its training time less its steps at the quiet iteration time
+  (``quiet_iter_s``: steps with no checkpoint in flight), as a fraction and in seconds. This is
   the figure the bound is about; on a machine whose cores the training loop fills, it is larger
   than the stall alone, since the snapshot and persist threads take cores from it.
 """
@@ -42,7 +45,8 @@ class Profiler:
     _last_boundary: float | None = None
     _stall_in_step: float = 0.0
     _stall_total: float = 0.0
-    _started: float | None = None
+    _active: float = 0.0
+    _intervals: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def now(self) -> float:
@@ -53,9 +57,9 @@ class Profiler:
         checkpoint was in flight during the step."""
         now = self.clock()
         with self._lock:
-            if self._started is None:
-                self._started = now
             if self._last_boundary is not None:
+                self._active += now - self._last_boundary
+                self._intervals += 1
                 compute = max(now - self._last_boundary - self._stall_in_step, 0.0)
                 kept = [self._iters, self._quiet] if quiet and not self._stall_in_step else [
                     self._iters
@@ -67,6 +71,13 @@ class Profiler:
             self._last_boundary = now
             self._stall_in_step = 0.0
             self.steps += 1
+
+    def pause(self) -> None:
+        """The loop stopped (a cell ended): the time until its next step boundary is not
+        training time."""
+        with self._lock:
+            self._last_boundary = None
+            self._stall_in_step = 0.0
 
     def stalled(self, seconds: float) -> None:
         """The loop spent `seconds` on checkpointing (in the step now running)."""
@@ -100,37 +111,33 @@ class Profiler:
             return sum(self._quiet) / len(self._quiet) if self._quiet else None
 
     def mark(self) -> tuple[float, float, int]:
-        """A point to measure overhead from: (now, stalled time so far, steps so far)."""
+        """A point to measure overhead from: (training time, stalled time, intervals) so far."""
         with self._lock:
-            return self.clock(), self._stall_total, self.steps
+            return self._active, self._stall_total, self._intervals
 
     def overhead_since(self, mark: tuple[float, float, int]) -> float:
-        """The fraction of wall time since `mark` the loop spent stalled by checkpointing."""
-        start, stalled_then, _ = mark
+        """The fraction of training time since `mark` the loop spent stalled by checkpointing."""
+        active_then, stalled_then, _ = mark
         with self._lock:
-            elapsed = self.clock() - start
+            elapsed = self._active - active_then
             stalled = self._stall_total - stalled_then
-        return stalled / elapsed if elapsed > 0 else 0.0
+        return min(stalled / elapsed, 1.0) if elapsed > 0 else 0.0
 
     def slowdown_since(self, mark: tuple[float, float, int]) -> tuple[float, float]:
-        """(fraction, seconds): the wall time since `mark` beyond its steps at the quiet
+        """(fraction, seconds): the training time since `mark` beyond its steps at the quiet
         iteration time. Without a quiet measurement yet, the stall alone."""
         quiet = self.quiet_iter_s
-        start, stalled_then, steps_then = mark
+        active_then, stalled_then, intervals_then = mark
         with self._lock:
-            elapsed = self.clock() - start
+            elapsed = self._active - active_then
             extra = (
                 self._stall_total - stalled_then
                 if quiet is None
-                else max(elapsed - (self.steps - steps_then) * quiet, 0.0)
+                else max(elapsed - (self._intervals - intervals_then) * quiet, 0.0)
             )
-        return (extra / elapsed if elapsed > 0 else 0.0), extra
+        return (min(extra / elapsed, 1.0) if elapsed > 0 else 0.0), extra
 
     @property
     def overhead(self) -> float:
-        """The fraction of wall time since the first step spent stalled by checkpointing."""
-        with self._lock:
-            if self._started is None:
-                return 0.0
-            elapsed = self.clock() - self._started
-            return self._stall_total / elapsed if elapsed > 0 else 0.0
+        """`slowdown_since` the first step, as a fraction."""
+        return self.slowdown_since((0.0, 0.0, 0))[0]
