@@ -135,6 +135,7 @@ def run_checkfreq(args: argparse.Namespace, round_: int, folder: Path) -> Run:
         "snapshot_ms": (status.snapshot_s or 0) * 1000,
         "persist_ms": (status.persist_s or 0) * 1000,
         "stall_fraction": status.overhead,
+        "slowdown": status.slowdown,
         "retunes": cf.tuner.retunes,
     }
     return run
@@ -219,7 +220,8 @@ def summarise(runs: list[Run], args: argparse.Namespace) -> dict[str, Any]:
                 f"checkfreq round {r.round}: every {c['interval']} steps, {c['checkpoints']} "
                 f"checkpoints, iteration {c['iter_ms']:.0f} ms, snapshot {c['snapshot_ms']:.0f} "
                 f"ms, persist {c['persist_ms']:.0f} ms, stall {c['stall_fraction']:.1%} of "
-                f"training time (bound {args.max_overhead:.1f}%), {c['retunes']} retunes"
+                f"training time (bound {args.max_overhead:.1f}%), slowdown against its quiet "
+                f"steps {c['slowdown']:.1%}, {c['retunes']} retunes"
             )
     return figures
 

@@ -61,9 +61,11 @@ PROFILE_STEPS = 5
 @dataclass(frozen=True)
 class CheckFreqStatus:
     """What `CheckFreq.status` reports. Times are seconds (None until measured); `frequency` is
-    the interval in steps (None while profiling); `overhead` the fraction of the wall time since
-    `attach` that checkpointing cost (`Profiler.slowdown_since`); `last_step` the step of the
-    newest complete checkpoint (None: none yet)."""
+    the interval in steps (None while profiling); `overhead` the fraction of training time since
+    `attach` the loop stalled for checkpoints (what the bound is on); `slowdown` the fraction by
+    which training was slower than its quiet steps (`Profiler.slowdown_since`: the stalls and
+    the background threads' competition for the cores, and any change of the machine's load);
+    `last_step` the step of the newest complete checkpoint (None: none yet)."""
 
     enabled: bool
     directory: str
@@ -73,6 +75,7 @@ class CheckFreqStatus:
     snapshot_s: float | None
     persist_s: float | None
     overhead: float
+    slowdown: float
     max_overhead: float
     last_step: int | None
     in_flight: bool
@@ -231,7 +234,8 @@ class CheckFreq:
             iter_s=self.profiler.iter_s,
             snapshot_s=self.profiler.snapshot_s,
             persist_s=self.profiler.persist_s,
-            overhead=self.profiler.slowdown_since(self._attach_mark)[0],
+            overhead=self.profiler.overhead_since(self._attach_mark),
+            slowdown=self.profiler.slowdown_since(self._attach_mark)[0],
             max_overhead=self.max_overhead,
             last_step=self.last_step,
             in_flight=flight is not None and not flight.ended,
@@ -307,7 +311,7 @@ class CheckFreq:
         if self._since_checkpoint < self.tuner.interval:
             return
         if self._cycle_mark is not None:
-            self._retune(*self.profiler.slowdown_since(self._cycle_mark))
+            self._retune(self.profiler.overhead_since(self._cycle_mark))
             if self._since_checkpoint < self.tuner.interval:
                 return
         self._start_checkpoint()
@@ -327,17 +331,21 @@ class CheckFreq:
             first.stall,
         )
 
-    def _retune(self, measured: float, cost_s: float) -> None:
-        """After a cycle that cost `cost_s` seconds in all (`measured`: as a fraction)."""
-        iter_s = self.profiler.quiet_iter_s or self.profiler.iter_s
-        if iter_s is None:
+    def _retune(self, measured: float) -> None:
+        """After a cycle whose stalls took `measured` of its training time. The bound is on the
+        stall (what the loop waited for), not on the whole slowdown (`Profiler.slowdown_since`),
+        which also counts what the persist thread takes from the loop's cores: that figure
+        follows every change of the machine's load too, and grew the interval to thousands of
+        steps on a shared 2-core machine (docs/checkfreq.md)."""
+        iter_s = self.profiler.iter_s
+        if iter_s is None or self.profiler.stall_s is None:
             return
         self.tuner.observe(
             measured,
             iter_s,
             self.profiler.snapshot_s or 0.0,
             self.profiler.persist_s or 0.0,
-            cost_s,
+            self.profiler.stall_s,
         )
 
     # ---- one checkpoint -----------------------------------------------------------------------

@@ -228,7 +228,8 @@ class StatusView:
             ("iteration", _seconds(s.iter_s)),
             ("snapshot", _seconds(s.snapshot_s)),
             ("persist", _seconds(s.persist_s)),
-            ("overhead", f"{s.overhead:.1%} (bound {s.max_overhead:.1%})"),
+            ("overhead", f"{s.overhead:.1%} stalled (bound {s.max_overhead:.1%})"),
+            ("slowdown", f"{s.slowdown:.1%} against steps with no checkpoint in flight"),
         ]
         if s.last_error:
             rows.append(("last error", s.last_error))
