@@ -5,9 +5,9 @@
 Appends one line per step to LOG (``-``: stdout): ``step loss batch-sample-ids``. With
 ``--resume`` it first loads the newest checkpoint from DIR into freshly made objects (a new
 process: what a notebook's setup cells made) and prints ``resumed at N``. With ``--kill-at N`` it
-SIGKILLs itself right after step N's line (a host that vanished), or after the first step after
-it once a checkpoint is complete (a loaded machine may take longer for the first one). The loop
-has no checkpointing code: CheckFreq hooks ``optimizer.step``.
+SIGKILLs itself right after step N's line (a host that vanished); if no checkpoint is complete
+by then (a loaded machine), once the first one is. The loop has no checkpointing code: CheckFreq
+hooks ``optimizer.step``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ def main(argv: list[str]) -> int:
     for step, loss, ids in steps_of(objects, steps, start):
         log.write(f"{step} {loss:.10f} {' '.join(map(str, ids))}\n")
         log.flush()
-        if kill_at is not None and step >= kill_at and cf.last_step is not None:
+        if kill_at is not None and step >= kill_at:
+            if cf.last_step is None:  # a loaded machine: let the first checkpoint end
+                cf.wait()
             os.kill(os.getpid(), signal.SIGKILL)
     cf.detach()
     status = cf.status()

@@ -85,10 +85,10 @@ def test_on_status_off_then_resume_in_a_shell_that_never_ran_on(shell, tmp_path,
     assert "step               30" in text
     assert "(bound 10.0%)" in text
     assert "<td>newest checkpoint</td>" in view._repr_html_()
-    last = view.status.last_step
+    run(shell, "%checkfreq off")  # waits for the checkpoint in flight, if any
+    last = run(shell, "%checkfreq status").status.last_step
     assert last is not None
-    run(shell, "%checkfreq off")
-    assert f"checkfreq is off; the newest checkpoint: step {last}" in capsys.readouterr().out
+    assert f"checkfreq is off; the newest checkpoint: step {last}," in capsys.readouterr().out
 
     follower = new_shell()  # the setup cells ran here too (the replicated namespace)
     run(follower, SETUP.replace("training_objects()", "training_objects(seed=7)"))
