@@ -382,6 +382,13 @@ class ReplicaEnv(enum.StrEnum):
     through the log (who led it, whose delta was applied); ``WARNING`` when unset. Set in the
     host agent's environment, it reaches every replica the agent starts."""
 
+    KERNEL_STORE = "KERNELFLEET_KERNEL_STORE"
+    """The kernel's own folder in the fleet's object store (``<store root>/kernel-<id>``), which
+    every host of the kernel reaches: the replica sets it in its own environment when it joins
+    its group, for the code it runs (checkfreq's checkpoints go to its ``checkfreq/``
+    subfolder). The object store's collectors leave subfolders other than its objects alone
+    while the kernel lives; the whole folder goes when the kernel is shut down."""
+
 
 KERNEL_TOKEN_PREFIX = "kfk1"
 """A kernel-scoped token reads ``kfk1.<kernel id>.<mac>`` (`kernelfleet.gateway.kernel_tokens`

@@ -77,6 +77,7 @@ WIRE: dict[type[enum.StrEnum], dict[str, str]] = {
         "GATEWAY_URL": "KERNELFLEET_GATEWAY_URL",
         "KERNEL_TOKEN": "KERNELFLEET_KERNEL_TOKEN",
         "LOG_LEVEL": "KERNELFLEET_REPLICA_LOG_LEVEL",
+        "KERNEL_STORE": "KERNELFLEET_KERNEL_STORE",
     },
     JobEnv: {
         "JOB_ID": "KERNELFLEET_JOB_ID",

@@ -351,6 +351,7 @@ class ReplicatedKernel(IPythonKernel):
         tracker = NamespaceTracker(shell.user_ns, hidden=shell.user_ns_hidden)
         kernel_id = os.environ.get(ReplicaEnv.KERNEL_ID) or self.replica_id
         store = LocalDirectoryStore.for_kernel(content["store_root"], kernel_id)
+        os.environ[ReplicaEnv.KERNEL_STORE] = str(store.root)  # for the notebook's tools
         if self.raft_port_hold is not None:  # let the log bind it
             self.raft_port_hold.close()
             self.raft_port_hold = None
