@@ -25,14 +25,18 @@ run ends after ``evaluations`` measurements, or when the whole grid was measured
 
 from __future__ import annotations
 
+import logging
 import math
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kernelfleet.tools.energy.backend import EnergyBackend, Measurement
 from kernelfleet.tools.energy.errors import EnergyError, SettingUnavailable
 from kernelfleet.tools.energy.knobs import SearchSpace
+
+log = logging.getLogger("kernelfleet.tools.energy")
 
 DEFAULT_EVALUATIONS = 20
 STARTUP_EVALUATIONS = 5
@@ -129,7 +133,7 @@ def tune(
     try:
         search.run()
     except BaseException:
-        backend.reset()
+        _reset_quietly(backend)
         raise
     best = min(
         (t for t in search.trials if t.feasible),
@@ -154,6 +158,15 @@ def tune(
         seconds=time.monotonic() - started,
         applied=applied,
     )
+
+
+def _reset_quietly(backend: EnergyBackend) -> None:
+    """Reset after a failed run; a reset that fails too is logged, the first error wins (the
+    host agent resets the devices anyway when the cell's GPUs are released)."""
+    try:
+        backend.reset()
+    except Exception:
+        log.warning("%s: the reset after a failed tuning run failed", backend.name, exc_info=True)
 
 
 def _energy(measurement: Measurement) -> float:
@@ -187,12 +200,16 @@ class _Search:
         self.converged = False
         self._measured: dict[tuple[int, ...], Trial] = {}
         self.unavailable: set[tuple[int, ...]] = set()
-        sampler = optuna.samplers.GPSampler(
-            seed=seed,
-            n_startup_trials=1 + startup,
-            deterministic_objective=backend.deterministic,
-            warn_independent_sampling=False,
-        )
+        with warnings.catch_warnings():
+            # deterministic_objective is marked experimental in optuna 5; it only tells the
+            # Gaussian process to assume no observation noise
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = optuna.samplers.GPSampler(
+                seed=seed,
+                n_startup_trials=1 + startup,
+                deterministic_objective=backend.deterministic,
+                warn_independent_sampling=False,
+            )
         self.study = optuna.create_study(direction="minimize", sampler=sampler)
         self.study.enqueue_trial(self._params(space.positions(space.default())))
 
