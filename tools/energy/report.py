@@ -12,14 +12,16 @@ from kernelfleet.tools.energy.tuner import TuneResult
 
 
 def duration(seconds: float) -> str:
-    """A latency for people, to three significant digits: ``48.2 ms``, ``3.52 s``,
-    ``1.02 h``."""
+    """A latency for people: ``48.2 ms``, ``3.52 s``, ``955 s``, ``1.02 h`` (three significant
+    digits, whole seconds up to an hour)."""
     if seconds < 1e-3:
         return f"{seconds * 1e6:.3g} µs"
     if seconds < 1:
         return f"{seconds * 1e3:.3g} ms"
-    if seconds < 3600:
+    if seconds < 100:
         return f"{seconds:.3g} s"
+    if seconds < 3600:
+        return f"{seconds:.0f} s"
     return f"{seconds / 3600:.3g} h"
 
 
@@ -43,6 +45,13 @@ def summary_line(result: TuneResult) -> str:
             f"kept the default ({describe(result.default.setting)})"
         )
     best = result.best
+    if best.number == 0:
+        return (
+            f"the default met the SLO of {slo} and nothing measured did better: "
+            f"{describe(best.setting)} ({duration(best.measurement.latency_s)}, "
+            f"{joules(best.measurement.energy_per_item_j)}), after {result.evaluations} "
+            "evaluations"
+        )
     saved = result.saved
     gain = "" if saved is None else f", {100 * saved:.1f} % less energy than the default"
     return (

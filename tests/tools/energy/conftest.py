@@ -83,22 +83,22 @@ class FakeNvml:
         self.counter = counter
         self.initialised = 0
 
-    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+    def nvmlInit(self) -> None:
         if not self.driver:
             raise NVMLError("Driver Not Loaded")
         self.initialised += 1
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         if not self.initialised:
             raise NVMLError("Uninitialized")
         self.initialised -= 1
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimulatedGpu:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimulatedGpu:
         if index not in self.gpus:
             raise NVMLError("Invalid Argument")
         return self.gpus[index]
 
-    def nvmlDeviceGetTotalEnergyConsumption(self, handle: SimulatedGpu) -> int:  # noqa: N802
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: SimulatedGpu) -> int:
         if not self.counter:
             raise NVMLError("Not Supported")
         handle.advance()

@@ -68,24 +68,20 @@ def test_the_best_meets_the_slo_and_stays_applied():
     assert result.trials[0].setting == {"gpu_clock": 2000.0, "batch": 32.0}  # the default first
     assert len(backend.measured) == result.evaluations <= 20
     assert len({tuple(s.items()) for s in backend.measured}) == len(backend.measured)
-    assert result.saved is not None and result.saved > 0
+    assert result.saved is not None
+    assert result.saved > 0
     assert "less energy than the default" in result.summary
-
-
-def test_an_slo_the_default_misses_is_still_met_by_a_faster_setting_when_one_exists():
-    backend = BowlBackend()
-    default_latency = 2.0  # (1 + 32 / 32) * 2000 / 2000
-    result = tune(backend, slo_s=default_latency * 0.99, seed=1)
-    assert not result.default.feasible
-    assert result.best is None or result.best.measurement.latency_s <= default_latency * 0.99
 
 
 def test_an_slo_nothing_meets_keeps_the_default_and_says_so():
     backend = BowlBackend()
     backend.applied = {"gpu_clock": 900.0}
     result = tune(backend, slo_s=0.5, seed=0, evaluations=8)
-    assert result.best is None and result.saved is None and result.applied == {}
-    assert backend.applied is None and backend.resets == 1
+    assert result.best is None
+    assert result.saved is None
+    assert result.applied == {}
+    assert backend.applied is None
+    assert backend.resets == 1
     assert result.summary.startswith("no setting met the SLO of 500 ms in 8 evaluations")
     assert result.summary.endswith("kept the default (gpu_clock 2000 MHz, batch 32)")
 
@@ -94,7 +90,8 @@ def test_a_failing_measurement_resets_and_propagates():
     backend = BowlBackend(fail_at=3)
     with pytest.raises(EnergyError, match="crashed"):
         tune(backend, slo_s=3.0, seed=0)
-    assert backend.resets == 1 and backend.applied is None
+    assert backend.resets == 1
+    assert backend.applied is None
 
 
 def test_bad_arguments_are_refused_before_anything_runs():
@@ -109,6 +106,14 @@ def test_bad_arguments_are_refused_before_anything_runs():
     assert backend.measured == []
 
 
+def test_a_default_nothing_beats_is_said_so():
+    backend = BowlBackend()
+    result = tune(backend, slo_s=2.0, knobs=["batch"], seed=0)  # only the default is as fast
+    assert result.best is result.trials[0]
+    assert result.saved == 0
+    assert result.summary.startswith("the default met the SLO of 2 s and nothing measured did")
+
+
 def test_a_small_space_is_measured_at_most_once_per_setting():
     backend = BowlBackend()
     result = tune(backend, slo_s=10.0, knobs=["batch"], seed=0)
@@ -116,6 +121,7 @@ def test_a_small_space_is_measured_at_most_once_per_setting():
     assert len({tuple(s.items()) for s in backend.measured}) == len(backend.measured)
 
 
+@pytest.mark.slow
 def test_the_bowls_optimum_is_found_within_5_percent():
     backend = BowlBackend()
     for slo in (2.5, 4.0):
@@ -146,5 +152,6 @@ def test_zeus_tables_within_5_percent_of_the_grid_optimum_in_20_evaluations(zeus
         optimum = min(m.energy_j for m in grid if m.latency_s <= slo)
         result = tune(backend, slo, evaluations=20, seed=0)
         assert result.evaluations <= 20
-        assert result.best is not None and result.best.measurement.latency_s <= slo
+        assert result.best is not None
+        assert result.best.measurement.latency_s <= slo
         assert result.best.measurement.energy_j <= 1.05 * optimum, result.summary
