@@ -30,6 +30,7 @@ OWN: dict[str, str] = {
     "fleet": "kernelfleet.kernels.magics.fleet:load",
     "gpus": "kernelfleet.kernels.magics.gpus:load",
     "schedule": "kernelfleet.kernels.magics.schedule:load",
+    "energy": "kernelfleet.tools.energy.magics:load",
 }
 """kernelfleet's own entry points of `MAGICS_GROUP`, as pyproject.toml declares them."""
 
