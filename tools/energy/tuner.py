@@ -29,11 +29,12 @@ optimum: docs/energy.md.)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kernelfleet.tools.energy.backend import EnergyBackend, Measurement
@@ -130,12 +131,13 @@ def tune(
         raise ValueError("at least one evaluation is needed")
     space = backend.space(knobs)
     started = time.monotonic()
-    search = _Search(backend, space, slo_s, evaluations, seed, startup)
-    try:
-        search.run()
-    except BaseException:
-        _reset_quietly(backend)
-        raise
+    with _optuna_quiet():
+        search = _Search(backend, space, slo_s, evaluations, seed, startup)
+        try:
+            search.run()
+        except BaseException:
+            _reset_quietly(backend)
+            raise
     best = min(
         (t for t in search.trials if t.feasible),
         key=lambda t: _energy(t.measurement),
@@ -159,6 +161,20 @@ def tune(
         seconds=time.monotonic() - started,
         applied=applied,
     )
+
+
+@contextlib.contextmanager
+def _optuna_quiet() -> Iterator[None]:
+    """optuna's INFO lines (a study created, each trial told) silenced meanwhile; its level as
+    the caller had it afterwards."""
+    import optuna
+
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(verbosity)
 
 
 def _reset_quietly(backend: EnergyBackend) -> None:
@@ -214,16 +230,6 @@ class _Search:
         self.study.enqueue_trial(self._params(space.positions(space.default())))
 
     def run(self) -> None:
-        """The loop, with optuna's per-trial INFO lines silenced meanwhile (and its level as
-        the caller had it afterwards)."""
-        verbosity = self.optuna.logging.get_verbosity()
-        self.optuna.logging.set_verbosity(self.optuna.logging.WARNING)
-        try:
-            self._loop()
-        finally:
-            self.optuna.logging.set_verbosity(verbosity)
-
-    def _loop(self) -> None:
         limit = self.budget * PROPOSALS_PER_EVALUATION
         while len(self.trials) < self.budget:
             if self.proposals >= limit:

@@ -155,3 +155,12 @@ def test_zeus_tables_within_5_percent_of_the_grid_optimum_in_20_evaluations(zeus
         assert result.best is not None
         assert result.best.measurement.latency_s <= slo
         assert result.best.measurement.energy_j <= 1.05 * optimum, result.summary
+
+
+def test_optuna_stays_quiet_during_a_run_and_keeps_its_level(capsys):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    tune(BowlBackend(), slo_s=3.0, knobs=["batch"], evaluations=3, seed=0)
+    assert optuna.logging.get_verbosity() == optuna.logging.INFO
+    assert "Trial" not in capsys.readouterr().err
