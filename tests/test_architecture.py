@@ -50,7 +50,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "kernelfleet.kernels.magics": (*SHARED, "kernelfleet.client", "kernelfleet.jobs"),
     "kernelfleet.extension": (*SHARED, "kernelfleet.client"),
     # what runs inside a notebook
-    "kernelfleet.tools": (*SHARED, "kernelfleet.client"),
+    "kernelfleet.tools": (*SHARED, "kernelfleet.client", "kernelfleet.kernels.magics"),
     # clients and glue
     "kernelfleet.client": SHARED,
     # the notebook's job library (over the client) and the job-process SDK (checkpoints)

@@ -31,6 +31,7 @@ OWN: dict[str, str] = {
     "gpus": "kernelfleet.kernels.magics.gpus:load",
     "schedule": "kernelfleet.kernels.magics.schedule:load",
     "checkfreq": "kernelfleet.tools.checkfreq.magics:load",
+    "energy": "kernelfleet.tools.energy.magics:load",
 }
 """kernelfleet's own entry points of `MAGICS_GROUP`, as pyproject.toml declares them."""
 
