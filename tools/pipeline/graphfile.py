@@ -294,7 +294,7 @@ class _StateBuilder:
         self,
     ) -> tuple[list[tuple[str, ...]], dict[tuple[str, ...], list[tuple[str, ...]]]]:
         """Every state (keyed by its sorted antichain) in discovery order, and its successors."""
-        first = (self.graph.sources()[0],)
+        first: tuple[str, ...] = (self.graph.sources()[0],)
         key = tuple(sorted(first))
         antichains = {key: first}
         order = [key]
@@ -325,7 +325,9 @@ class _StateBuilder:
         for i, antichain in enumerate(ordered):  # parents come first in topological order
             for child in successors.get(tuple(sorted(antichain)), []):
                 upstream[index[child]] |= upstream[i] | {i}
-        layers, through, covered_before = [], [], set()
+        layers: list[LayerProfile] = []
+        through: list[Totals] = []
+        covered_before: set[str] = set()
         for antichain in ordered:
             augmented = self.augment(antichain)
             covered = set(augmented).union(*(self.ancestors(n) for n in augmented))

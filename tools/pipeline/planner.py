@@ -26,7 +26,7 @@ the end of the pipeline divided by its replicas, rounded up. PipeDream's code co
 workers *after* the stage (so its last stage holds nothing); here the stage's own minibatch is
 counted too, which is that count plus one.
 
-Ties are broken towards the earliest split and the fewest replicas for the last stage (PipeDream
+Ties are broken towards the earliest split, then the fewest replicas for the last stage (PipeDream
 iterates over a Python set there, so its choice among equal times varies between runs).
 
 The baselines: data parallelism over all workers takes ``(C + 4 (W - 1) P / (bandwidth W)) / W``
@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.tools.pipeline.profiles import ModelProfile, Totals
@@ -116,10 +118,14 @@ def in_flight(workers_from_here: int, replicas: int) -> int:
 
 
 @dataclass(frozen=True)
-class _Cell:
-    time_s: float
-    split: int | None  # the layer the previous stage ends at; None: one stage from layer 0
-    replicas: int  # of the stage that ends here
+class _Table:
+    """The programme's table, indexed ``[j, w]``: the best time for layers ``0..j`` on ``w``
+    workers, the layer the stage before the last one ends at (-1: a single stage) and the last
+    stage's replicas."""
+
+    time_s: np.ndarray
+    split: np.ndarray
+    replicas: np.ndarray
 
 
 class _Partitioner:
@@ -160,46 +166,65 @@ class _Partitioner:
             memory_bytes=(cost.activation_bytes + cost.parameter_bytes) * kept,
         )
 
-    def fits(self, stage: Stage) -> bool:
-        return self.memory_bytes is None or stage.memory_bytes <= self.memory_bytes
-
-    def solve(self) -> list[list[_Cell | None]]:
-        """``best[j][w]`` for ``w`` in ``1..workers`` (index 0 unused)."""
-        n, total = len(self.profile), self.workers
-        best: list[list[_Cell | None]] = [[None] * (total + 1) for _ in range(n)]
-        for j in range(n):
-            for w in range(1, total + 1):
-                whole = self.stage(0, j, w, total - w)
-                if self.fits(whole):
-                    best[j][w] = _Cell(whole.time_s, None, w)
+    def solve(self) -> _Table:
+        """``best(j, w)`` for every layer ``j`` and ``w`` in ``1..workers``, vectorised over the
+        split ``k`` and the last stage's replicas ``r``."""
+        profile, total, bandwidth = self.profile, self.workers, self.bandwidth
+        n = len(profile)
+        compute = np.array([t.compute_s for t in profile.through])
+        stashed = np.array([t.activation_bytes + t.parameter_bytes for t in profile.through])
+        parameters = np.array([t.parameter_bytes for t in profile.through])
+        outputs = np.array([layer.activation_bytes for layer in profile.layers])
+        table = _Table(
+            time_s=np.full((n, total + 1), np.inf),
+            split=np.full((n, total + 1), -1),
+            replicas=np.zeros((n, total + 1), dtype=int),
+        )
+        for w in range(1, total + 1):
+            time_s = (compute + 4 * (w - 1) * parameters / (bandwidth * w)) / w
+            if self.memory_bytes is not None:
+                kept = in_flight(total, w)
+                time_s = np.where(stashed * kept <= self.memory_bytes, time_s, np.inf)
+            table.time_s[:, w] = time_s
+            table.replicas[:, w] = w
         for w in range(2, total + 1):
+            r = np.arange(1, w)[None, :]
             for j in range(1, n):
-                cell = best[j][w]
-                for k in sorted(self.profile.splits[j]):
-                    for r in range(1, w):
-                        before = best[k][w - r]
-                        if before is None:
-                            continue
-                        last = self.stage(k + 1, j, r, total - w)
-                        if not self.fits(last):
-                            continue
-                        time_s = max(before.time_s, last.time_s)
-                        if cell is None or time_s < cell.time_s:
-                            cell = _Cell(time_s, k, r)
-                best[j][w] = cell
-        return best
+                k = np.array(sorted(profile.splits[j]), dtype=int)
+                if not k.size:
+                    continue
+                before = table.time_s[k[:, None], w - r]
+                stage_compute = (compute[j] - compute[k])[:, None]
+                stage_parameters = (parameters[j] - parameters[k])[:, None]
+                last = (stage_compute + 4 * (r - 1) * stage_parameters / (bandwidth * r)) / r
+                if self.compression is not None:
+                    moved = (
+                        outputs[k][:, None]
+                        if j == n - 1
+                        else np.maximum(outputs[k], outputs[j])[:, None]
+                    )
+                    last = np.maximum(last, 2.0 * moved / (bandwidth * r) / self.compression)
+                if self.memory_bytes is not None:
+                    held = (stashed[j] - stashed[k])[:, None] * np.ceil((total - w + r) / r)
+                    last = np.where(held <= self.memory_bytes, last, np.inf)
+                candidates = np.maximum(before, last)
+                best = int(np.argmin(candidates))  # the first minimum: earliest k, then fewest r
+                if candidates.flat[best] < table.time_s[j, w]:
+                    row, column = divmod(best, w - 1)
+                    table.time_s[j, w] = candidates.flat[best]
+                    table.split[j, w] = k[row]
+                    table.replicas[j, w] = column + 1
+        return table
 
-    def stages(self, best: list[list[_Cell | None]]) -> list[Stage]:
+    def stages(self, table: _Table) -> list[Stage]:
         stages: list[Stage] = []
         j, w = len(self.profile) - 1, self.workers
         while True:
-            cell = best[j][w]
-            assert cell is not None  # the caller checked the full plan exists
-            first = 0 if cell.split is None else cell.split + 1
-            stages.append(self.stage(first, j, cell.replicas, self.workers - w))
-            if cell.split is None:
+            split, replicas = int(table.split[j, w]), int(table.replicas[j, w])
+            stages.append(self.stage(split + 1, j, replicas, self.workers - w))
+            if split < 0:
                 return stages[::-1]
-            j, w = cell.split, w - cell.replicas
+            j, w = split, w - replicas
 
 
 def plan_pipeline(
@@ -226,16 +251,16 @@ def plan_pipeline(
             f"the activation compression ratio must be positive, got {activation_compression}"
         )
     partitioner = _Partitioner(profile, workers, bandwidth, memory_bytes, activation_compression)
-    best = partitioner.solve()
-    final = best[len(profile) - 1][workers]
-    if final is None:
+    table = partitioner.solve()
+    final = float(table.time_s[len(profile) - 1, workers])
+    if math.isinf(final):
         raise CannotPartition(_why_not(profile, workers, memory_bytes))
-    stages = partitioner.stages(best)
+    stages = partitioner.stages(table)
     return Plan(
         stages=tuple(stages),
         workers=workers,
         bandwidth=bandwidth,
-        time_per_minibatch_s=final.time_s,
+        time_per_minibatch_s=final,
         data_parallel_time_s=data_parallel_time(profile, workers, bandwidth),
         one_worker_time_s=profile.total.compute_s,
     )
