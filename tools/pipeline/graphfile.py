@@ -352,7 +352,7 @@ class _StateBuilder:
         """The state as a layer: the operators it is the first to cover, and its cut's output."""
         ops = [self.graph.operators[n] for n in new]
         return LayerProfile(
-            name="+".join(antichain),
+            name="+".join(sorted(antichain, key=self.position.__getitem__)),
             description="; ".join(o.description for o in ops) or "(nothing new)",
             forward_s=sum(o.forward_ms for o in ops) * MS,
             backward_s=sum(o.backward_ms for o in ops) * MS,
