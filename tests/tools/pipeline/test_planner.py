@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from kernelfleet.errors import InvalidRequest
-from kernelfleet.tools.pipeline.graphfile import read_graph_profile
+from kernelfleet.tools.pipeline.graphfile import graph_profile, parse_graph, read_graph_profile
 from kernelfleet.tools.pipeline.planner import CannotPartition, Plan, plan_pipeline
 from kernelfleet.tools.pipeline.profiles import LayerProfile, ModelProfile
+from tests.tools.pipeline.test_graphfile import BRANCHING
 
 GBIT10 = 1.25e9
 
@@ -265,3 +266,27 @@ def test_a_plan_is_frozen() -> None:
         plan.workers = 3  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.stages[0].replicas = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_branching_graph_splits_only_at_cuts(workers: int) -> None:
+    """In the branching graph's order (a, c1, b1, b2, ...), a stage cannot run b1..b2 after a
+    stage ending at c1: the prefix sums would give it a negative cost, which a planner ignoring
+    the cuts would happily pick."""
+    profile = graph_profile(parse_graph(BRANCHING))
+    assert 1 not in profile.splits[3]
+    assert profile.stage(2, 3).compute_s < 0  # through[3] - through[1]: not a real stage
+    check_against_brute_force(profile, workers, 1e3)
+
+
+def test_stages_begin_only_where_the_profile_allows() -> None:
+    """Three equal layers on three workers: one layer per worker would be fastest, but layer 1
+    may not start a stage, so the pipeline must replicate a stage and pay to synchronise it."""
+    layers = [layer(name, 30, activation=0, params=1e6) for name in "abc"]
+    chain = ModelProfile.chain(layers)
+    restricted = dataclasses.replace(chain, splits=(frozenset(), frozenset(), frozenset({0, 1})))
+    assert plan_pipeline(chain, 3, 1e8).stages[1].first == 1
+    plan = check_against_brute_force(restricted, 3, 1e8)
+    assert plan is not None
+    assert all(stage.first != 1 for stage in plan.stages)
+    assert plan.time_per_minibatch_s > plan_pipeline(chain, 3, 1e8).time_per_minibatch_s
