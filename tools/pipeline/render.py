@@ -9,10 +9,15 @@ BAR = 24
 
 
 def plan_table(plan: Plan, profile: ModelProfile | None = None) -> str:
-    """One line per stage (layers, replicas, per-minibatch times in ms), then the predictions."""
+    """One line per stage (layers, replicas, per-minibatch times in ms), then the predictions.
+
+    ``compute`` is one worker's forward plus backward time, ``sync`` the replicas' weight
+    synchronisation, ``send`` the activation transfer (0 unless activations are counted), and
+    ``stage`` the stage's time per minibatch: (compute + sync) / replicas, or send if longer.
+    """
     header = (
         f"{'stage':>5}  {'layers':<11}{'replicas':>8}{'compute ms':>12}{'sync ms':>9}"
-        f"{'stage ms':>10}  first layer .. last layer"
+        f"{'send ms':>9}{'stage ms':>10}  first layer .. last layer"
     )
     lines = [header, "-" * len(header)]
     for number, stage in enumerate(plan.stages):
@@ -23,7 +28,7 @@ def plan_table(plan: Plan, profile: ModelProfile | None = None) -> str:
         lines.append(
             f"{number:>5}  {f'{stage.first}-{stage.last}':<11}{stage.replicas:>8}"
             f"{stage.compute_s * 1e3:>12.2f}{stage.sync_s * 1e3:>9.2f}"
-            f"{stage.time_s * 1e3:>10.2f}  {names}"
+            f"{stage.transfer_s * 1e3:>9.2f}{stage.time_s * 1e3:>10.2f}  {names}"
         )
     lines += [
         "",
