@@ -16,6 +16,9 @@ the level below's whole groups:
   ``(T + 4 (r - 1) P / (B r)) / r`` when it follows a split. That difference is PipeDream's code
   as published (its split step does not divide the synchronisation by ``g``), kept so that plans
   and figures match it;
+- a segment that starts after a split at ``k`` can only end at a layer ``k`` is upstream of (a
+  cut of the graph). PipeDream's code does not check that for the levels below the outermost;
+  on the published profiles it made no difference (docs/pipeline.md);
 - data parallelism over all workers takes, level by level from the innermost, ``D <- (D + 4 (n -
   1) P / (B n) / g) / n`` starting from the whole model's compute time.
 
@@ -80,14 +83,15 @@ def _solve_level(
     for w in range(1, total + 1):
         table.time_s[:, :, w] = (compute + 4 * (w - 1) * parameters / (bandwidth * w) / within) / w
         table.replicas[:, :, w] = w
+    for i in range(1, n):  # a segment after a split must start at a cut before its last layer
+        for j in range(i, n):
+            if i - 1 not in profile.splits[j]:
+                table.time_s[i, j, :] = np.inf
     for i in first_rows:
-        excluded = profile.splits[i - 1] if i > 0 else frozenset()
         for w in range(2, total + 1):
             r = np.arange(1, w)[None, :]
             for j in range(i + 1, n):
-                k = np.array(
-                    sorted(s for s in profile.splits[j] if s >= i and s not in excluded), dtype=int
-                )
+                k = np.array(sorted(s for s in profile.splits[j] if s >= i), dtype=int)
                 if not k.size:
                     continue
                 before = table.time_s[i, k[:, None], w - r]

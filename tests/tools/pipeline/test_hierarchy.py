@@ -26,10 +26,8 @@ def pipelines(
     profile: ModelProfile, first: int, last: int, workers: int
 ) -> list[list[tuple[int, int, int]]]:
     """Every pipeline of layers ``first..last`` on exactly ``workers`` workers, as
-    ``[(first, last, replicas), ...]``: a split after ``k`` before a stage ending at ``j`` needs
-    ``k`` upstream of ``j`` and, inside a segment starting after a split at ``first - 1``,
-    ``k`` not upstream of ``first - 1``."""
-    excluded = profile.splits[first - 1] if first > 0 else frozenset()
+    ``[(first, last, replicas), ...]``: a stage ending at ``j`` may follow a split after ``k``
+    (the segment's own start included) only when ``k`` is upstream of ``j``."""
 
     def tails(start: int, ends_after: int | None, left: int) -> list[list[tuple[int, int, int]]]:
         found = []
@@ -39,14 +37,14 @@ def pipelines(
             for replicas in range(1, left + 1):
                 if end == last and replicas == left:
                     found.append([(start, end, replicas)])
-                elif end < last and replicas < left and end not in excluded:
+                elif end < last and replicas < left:
                     found += [
                         [(start, end, replicas), *rest]
                         for rest in tails(end + 1, end, left - replicas)
                     ]
         return found
 
-    return tails(first, None, workers)
+    return tails(first, first - 1 if first > 0 else None, workers)
 
 
 def brute_two_levels(
@@ -90,7 +88,13 @@ def test_one_level_is_the_flat_planner(
 
 @pytest.mark.parametrize(
     "levels",
-    [((2, 1e10), (2, 1.25e9)), ((2, 5e9), (3, 1e8)), ((3, 1e10), (2, 1.25e9))],
+    [
+        ((2, 1e10), (2, 1.25e9)),
+        ((2, 5e9), (3, 1e8)),
+        ((3, 1e10), (2, 1.25e9)),
+        ((2, 1e10), (3, 1e10)),  # the first machine-level stage on 2 machines
+        ((2, 1e11), (4, 1e10)),
+    ],
 )
 def test_two_levels_golden_by_brute_force(
     pipedream_profile: Callable[[str], Path], levels: tuple[tuple[int, float], ...]
