@@ -3,6 +3,7 @@ that prices each level as the module docstring says (PipeDream's published code)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -133,3 +134,16 @@ def test_vgg16_on_two_machines_of_four(pipedream_profile: Callable[[str], Path])
 def test_bad_levels(levels: list[tuple[int, float]], message: str) -> None:
     with pytest.raises(InvalidRequest, match=message):
         plan_hierarchical(ModelProfile.chain([LayerProfile("a", "a", 0.01, 0.02, 1, 1)]), levels)
+
+
+def test_segments_split_only_where_the_profile_allows() -> None:
+    """Layer 1 cannot end a stage that follows a split after layer 0, inside a machine too."""
+    layers = [LayerProfile(name, name, 0.01, 0.02, 0, 1e6) for name in "abc"]
+    chain = ModelProfile.chain(layers)
+    restricted = dataclasses.replace(chain, splits=(frozenset(), frozenset(), frozenset({0, 1})))
+    levels = ((2, 1e8), (2, 1e8))
+    expected = brute_two_levels(restricted, *levels)
+    assert expected > brute_two_levels(chain, *levels)
+    plan = plan_hierarchical(restricted, levels)
+    assert plan.time_per_minibatch_s == pytest.approx(expected, rel=1e-12)
+    assert (1, 1) not in [(s.first, s.last) for s in plan.stages]
