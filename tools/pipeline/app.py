@@ -2,6 +2,11 @@
 
     kernelfleet pipeline-plan --profile graph.txt --workers N --bandwidth BYTES_PER_S \
         [--memory BYTES] [--activation-compression RATIO] [--json OUT]
+    kernelfleet pipeline-plan --profile graph.txt --levels GPUS:BYTES_PER_S,MACHINES:BYTES_PER_S \
+        [--json OUT]
+
+``--levels`` plans over machines of several GPUs (PipeDream's hierarchical levels, innermost
+first), in place of ``--workers`` and ``--bandwidth``.
 
 Prints the plan as a table and a small diagram. ``--json`` writes exactly
 ``{"stages": [{"layers": [first, last], "replicas": r}, ...], "time_per_minibatch_s",
@@ -24,8 +29,28 @@ from traitlets.config import Application
 from kernelfleet import __version__
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.tools.pipeline.graphfile import read_graph_profile
-from kernelfleet.tools.pipeline.planner import plan_pipeline
+from kernelfleet.tools.pipeline.hierarchy import plan_hierarchical
+from kernelfleet.tools.pipeline.planner import Plan, plan_pipeline
+from kernelfleet.tools.pipeline.profiles import ModelProfile
 from kernelfleet.tools.pipeline.render import plan_diagram, plan_table
+
+
+def parse_levels(text: str) -> list[tuple[int, float]]:
+    """``"4:1e10,2:1.25e9"`` -> ``[(4, 1e10), (2, 1.25e9)]``; `InvalidRequest` if malformed."""
+    levels = []
+    for part in text.split(","):
+        count, colon, bandwidth = part.strip().partition(":")
+        try:
+            level = (int(count), float(bandwidth))
+        except ValueError:
+            level = (0, 0.0)
+        if not colon or level[0] < 1 or not 0 < level[1] < math.inf:
+            raise InvalidRequest(
+                f"bad --levels {text!r}: write COUNT:BYTES_PER_S pairs, innermost first, "
+                "e.g. 4:1e10,2:1.25e9"
+            )
+        levels.append(level)
+    return levels
 
 
 class PipelinePlanApp(Application):
@@ -40,6 +65,7 @@ class PipelinePlanApp(Application):
         "bandwidth": "PipelinePlanApp.bandwidth",
         "memory": "PipelinePlanApp.memory",
         "activation-compression": "PipelinePlanApp.activation_compression",
+        "levels": "PipelinePlanApp.levels",
         "json": "PipelinePlanApp.json_path",
     }
 
@@ -55,7 +81,43 @@ class PipelinePlanApp(Application):
         help="Count activation transfers, compressed by this ratio (PipeDream's "
         "--activation_compression_ratio); 0: not counted (PipeDream's default).",
     )
+    levels = Unicode(
+        "",
+        config=True,
+        help="Hierarchical levels, innermost first: COUNT:BYTES_PER_S pairs joined by commas "
+        "(4:1e10,2:1.25e9 is 2 machines of 4 GPUs); replaces --workers and --bandwidth.",
+    )
     json_path = Unicode("", config=True, help="Write the plan as JSON to this file.")
+
+    def _flat(self) -> tuple[ModelProfile, Plan]:
+        if self.workers < 1:
+            raise InvalidRequest(f"give --workers N, a whole number >= 1 (got {self.workers})")
+        if not self.bandwidth > 0 or math.isinf(self.bandwidth):
+            raise InvalidRequest(
+                f"give --bandwidth BYTES_PER_S, a positive number (got {self.bandwidth:g})"
+            )
+        if self.memory < 0 or self.activation_compression < 0:
+            raise InvalidRequest("--memory and --activation-compression cannot be negative")
+        profile = read_graph_profile(self.profile)
+        plan = plan_pipeline(
+            profile,
+            self.workers,
+            self.bandwidth,
+            memory_bytes=self.memory or None,
+            activation_compression=self.activation_compression or None,
+        )
+        return profile, plan
+
+    def _hierarchical(self) -> tuple[ModelProfile, Plan]:
+        if self.workers or self.bandwidth:
+            raise InvalidRequest("give either --levels or --workers and --bandwidth, not both")
+        if self.memory or self.activation_compression:
+            raise InvalidRequest(
+                "--memory and --activation-compression are not modelled with --levels"
+            )
+        levels = parse_levels(self.levels)
+        profile = read_graph_profile(self.profile)
+        return profile, plan_hierarchical(profile, levels)
 
     def parse_command_line(self, argv: list[str] | None = None) -> None:
         """As `Application`'s, but a bad value ends with one line and exit code 2, not 1."""
@@ -76,22 +138,10 @@ class PipelinePlanApp(Application):
     def _run(self) -> None:
         if not self.profile:
             raise InvalidRequest("give the model's profile: --profile graph.txt")
-        if self.workers < 1:
-            raise InvalidRequest(f"give --workers N, a whole number >= 1 (got {self.workers})")
-        if not self.bandwidth > 0 or math.isinf(self.bandwidth):
-            raise InvalidRequest(
-                f"give --bandwidth BYTES_PER_S, a positive number (got {self.bandwidth:g})"
-            )
-        if self.memory < 0 or self.activation_compression < 0:
-            raise InvalidRequest("--memory and --activation-compression cannot be negative")
-        profile = read_graph_profile(self.profile)
-        plan = plan_pipeline(
-            profile,
-            self.workers,
-            self.bandwidth,
-            memory_bytes=self.memory or None,
-            activation_compression=self.activation_compression or None,
-        )
+        if self.levels:
+            profile, plan = self._hierarchical()
+        else:
+            profile, plan = self._flat()
         if self.json_path:
             document = json.dumps(plan.as_document(), indent=2) + "\n"
             try:

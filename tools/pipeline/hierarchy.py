@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernelfleet.errors import InvalidRequest
-from kernelfleet.tools.pipeline.planner import Plan, Stage, sync_time
+from kernelfleet.tools.pipeline.planner import Plan, Stage
 from kernelfleet.tools.pipeline.profiles import ModelProfile
 
 
@@ -162,9 +162,7 @@ def plan_hierarchical(profile: ModelProfile, levels: Sequence[tuple[int, float]]
             last,
             replicas,
             compute_s=profile.stage(first, last).compute_s,
-            sync_s=sync_time(
-                profile.stage(first, last).parameter_bytes, replicas, parsed[0].bandwidth
-            ),
+            sync_s=0.0,
             transfer_s=0.0,
             memory_bytes=0.0,
         )
@@ -185,4 +183,5 @@ def plan_hierarchical(profile: ModelProfile, levels: Sequence[tuple[int, float]]
         time_per_minibatch_s=float(tables[-1].time_s[0, n - 1, parsed[-1].count]),
         data_parallel_time_s=data_parallel,
         one_worker_time_s=profile.total.compute_s,
+        levels=tuple((level.count, level.bandwidth) for level in parsed),
     )

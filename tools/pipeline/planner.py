@@ -82,6 +82,9 @@ class Plan:
     time_per_minibatch_s: float
     data_parallel_time_s: float
     one_worker_time_s: float
+    levels: tuple[tuple[int, float], ...] = ()
+    """Hierarchical levels ``(count, bandwidth)``, innermost first; empty for one level. A
+    hierarchical plan's stages carry no ``sync_s`` (it is paid level by level)."""
 
     @property
     def speedup_vs_data_parallel(self) -> float:

@@ -30,10 +30,14 @@ def plan_table(plan: Plan, profile: ModelProfile | None = None) -> str:
             f"{stage.compute_s * 1e3:>12.2f}{stage.sync_s * 1e3:>9.2f}"
             f"{stage.transfer_s * 1e3:>9.2f}{stage.time_s * 1e3:>10.2f}  {names}"
         )
+    where = f"{plan.workers} workers at {plan.bandwidth:.4g} B/s"
+    if plan.levels:
+        where = " x ".join(f"{count} at {bandwidth:.4g} B/s" for count, bandwidth in plan.levels)
+        where = f"{plan.workers} workers ({where}, innermost first)"
+        lines.append("(hierarchical: sync is paid level by level; stage ms shows compute only)")
     lines += [
         "",
-        f"time per minibatch {plan.time_per_minibatch_s * 1e3:.2f} ms on {plan.workers} workers "
-        f"at {plan.bandwidth:.4g} B/s",
+        f"time per minibatch {plan.time_per_minibatch_s * 1e3:.2f} ms on {where}",
         f"speed-up {plan.speedup_vs_data_parallel:.2f}x over {plan.workers}-way data parallelism "
         f"({plan.data_parallel_time_s * 1e3:.2f} ms), {plan.speedup_vs_one_worker:.2f}x over one "
         f"worker ({plan.one_worker_time_s * 1e3:.2f} ms)",

@@ -68,6 +68,21 @@ def test_without_json_prints_a_table_and_a_diagram(
     assert "[stage 1: layers 15-39 on w3] " in out
 
 
+def test_levels_plan_machines_of_gpus(
+    pipedream_profile: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "plan.json"
+    profile = str(pipedream_profile("vgg16"))
+    run("--profile", profile, "--levels", "4:1e10,2:1.25e9", "--json", str(out))
+    document = json.loads(out.read_text(encoding="utf-8"))
+    assert list(document) == CONTRACT_KEYS
+    assert [s["replicas"] for s in document["stages"]] == [4, 2, 1, 1]
+    run("--profile", profile, "--levels", "4:1e10,2:1.25e9")
+    printed = capsys.readouterr().out
+    assert "on 8 workers (4 at 1e+10 B/s x 2 at 1.25e+09 B/s, innermost first)" in printed
+    assert "sync is paid level by level" in printed
+
+
 BAD_NODE = (
     "node1 -- Conv -- forward_compute_time=oops, backward_compute_time=1, activation_size=1, "
     "parameter_size=1\n"
@@ -97,6 +112,10 @@ BAD_NODE = (
             ["--profile", "{good}", "--workers", "2", "--bandwidth", "1e9", "--json", "{nodir}"],
             "cannot write",
         ),
+        (["--profile", "{good}", "--levels", "4:1e10,2"], "bad --levels '4:1e10,2'"),
+        (["--profile", "{good}", "--levels", "0:1e10"], "bad --levels"),
+        (["--profile", "{good}", "--levels", "2:1e10", "--workers", "2"], "not both"),
+        (["--profile", "{good}", "--levels", "2:1e10", "--memory", "1e9"], "not modelled"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(
