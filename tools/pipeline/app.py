@@ -29,28 +29,10 @@ from traitlets.config import Application
 from kernelfleet import __version__
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.tools.pipeline.graphfile import read_graph_profile
-from kernelfleet.tools.pipeline.hierarchy import plan_hierarchical
+from kernelfleet.tools.pipeline.hierarchy import parse_levels, plan_hierarchical
 from kernelfleet.tools.pipeline.planner import Plan, plan_pipeline
 from kernelfleet.tools.pipeline.profiles import ModelProfile
 from kernelfleet.tools.pipeline.render import plan_diagram, plan_table
-
-
-def parse_levels(text: str) -> list[tuple[int, float]]:
-    """``"4:1e10,2:1.25e9"`` -> ``[(4, 1e10), (2, 1.25e9)]``; `InvalidRequest` if malformed."""
-    levels = []
-    for part in text.split(","):
-        count, colon, bandwidth = part.strip().partition(":")
-        try:
-            level = (int(count), float(bandwidth))
-        except ValueError:
-            level = (0, 0.0)
-        if not colon or level[0] < 1 or not 0 < level[1] < math.inf:
-            raise InvalidRequest(
-                f"bad --levels {text!r}: write COUNT:BYTES_PER_S pairs, innermost first, "
-                "e.g. 4:1e10,2:1.25e9"
-            )
-        levels.append(level)
-    return levels
 
 
 class PipelinePlanApp(Application):

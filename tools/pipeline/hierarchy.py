@@ -185,3 +185,21 @@ def plan_hierarchical(profile: ModelProfile, levels: Sequence[tuple[int, float]]
         one_worker_time_s=profile.total.compute_s,
         levels=tuple((level.count, level.bandwidth) for level in parsed),
     )
+
+
+def parse_levels(text: str) -> list[tuple[int, float]]:
+    """``"4:1e10,2:1.25e9"`` -> ``[(4, 1e10), (2, 1.25e9)]``; `InvalidRequest` if malformed."""
+    levels = []
+    for part in text.split(","):
+        count, colon, bandwidth = part.strip().partition(":")
+        try:
+            level = (int(count), float(bandwidth))
+        except ValueError:
+            level = (0, 0.0)
+        if not colon or level[0] < 1 or not 0 < level[1] < math.inf:
+            raise InvalidRequest(
+                f"bad --levels {text!r}: write COUNT:BYTES_PER_S pairs, innermost first, "
+                "e.g. 4:1e10,2:1.25e9"
+            )
+        levels.append(level)
+    return levels
