@@ -84,7 +84,8 @@ class Plan:
     one_worker_time_s: float
     levels: tuple[tuple[int, float], ...] = ()
     """Hierarchical levels ``(count, bandwidth)``, innermost first; empty for one level. A
-    hierarchical plan's stages carry no ``sync_s`` (it is paid level by level)."""
+    hierarchical plan's stages carry no ``sync_s`` (it is paid level by level) and no
+    ``memory_bytes`` (not modelled there)."""
 
     @property
     def speedup_vs_data_parallel(self) -> float:
@@ -271,7 +272,7 @@ def plan_pipeline(
 
 def _why_not(profile: ModelProfile, workers: int, memory_bytes: float | None) -> str:
     limit = f"{memory_bytes:.4g} bytes per worker"
-    for j, layer in enumerate(profile.layers):
+    for j, layer in enumerate(profile.layers if profile.is_chain() else ()):
         alone = layer.activation_bytes + layer.parameter_bytes
         if alone > (memory_bytes or 0.0):
             return (
@@ -280,6 +281,12 @@ def _why_not(profile: ModelProfile, workers: int, memory_bytes: float | None) ->
                 f"{layer.parameter_bytes:.4g} + activations {layer.activation_bytes:.4g}), and a "
                 "layer cannot be split across stages"
             )
+    if not profile.is_chain():
+        return (
+            f"cannot partition the model over {workers} workers with {limit}: no split at the "
+            "graph's cuts fits (a stage holds its layers' parameters and activations once per "
+            "minibatch in flight); give more memory or workers"
+        )
     return (
         f"cannot partition the model over {workers} workers with {limit}: every split keeps "
         "too many minibatches' activations in flight on some stage; give more memory or workers"

@@ -291,3 +291,9 @@ def test_stages_split_only_where_the_profile_allows() -> None:
     assert plan is not None
     assert all((stage.first, stage.last) != (1, 1) for stage in plan.stages)
     assert plan.time_per_minibatch_s > plan_pipeline(chain, 3, 1e8).time_per_minibatch_s
+
+
+def test_a_graph_that_fits_nowhere_says_so(pipedream_profile: Callable[[str], Path]) -> None:
+    profile = read_graph_profile(pipedream_profile("resnet18"))
+    with pytest.raises(CannotPartition, match="no split at the graph's cuts fits"):
+        plan_pipeline(profile, 4, GBIT10, memory_bytes=1e6)
