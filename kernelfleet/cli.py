@@ -27,6 +27,10 @@ class KernelfleetApp(Application):
             "kernelfleet.scheduler.jobs.app.SimulateJobsApp",
             "Simulate a job trace.",
         ),
+        "pipeline-plan": (
+            "kernelfleet.tools.pipeline.app.PipelinePlanApp",
+            "Split a profiled model into replicated pipeline stages (PipeDream's planner).",
+        ),
         "replay": (
             "kernelfleet.replay.app.ReplayApp",
             "Replay a trace against a live gateway, as a population of notebook users.",

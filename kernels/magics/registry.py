@@ -29,6 +29,7 @@ PANEL_SECTIONS_GROUP = "kernelfleet.panel_sections"
 OWN: dict[str, str] = {
     "fleet": "kernelfleet.kernels.magics.fleet:load",
     "gpus": "kernelfleet.kernels.magics.gpus:load",
+    "pipeline": "kernelfleet.tools.pipeline.magics:load",
     "schedule": "kernelfleet.kernels.magics.schedule:load",
     "checkfreq": "kernelfleet.tools.checkfreq.magics:load",
     "energy": "kernelfleet.tools.energy.magics:load",
