@@ -25,6 +25,9 @@ Torch (only when the user imported it): a dense CPU/GPU tensor or ``nn.Parameter
 its raw bytes out of band (torch's own pickling copies the data twice in memory); it is rebuilt
 on the CPU, contiguous, with ``requires_grad`` kept. Views sharing storage become copies.
 
+A torchdata ``StatefulDataLoader`` pickles without its live iterator, with its position
+(``state_dict()``), which the follower's copy loads: it yields the same next batch.
+
 Open files do not pickle (cloudpickle would read the whole file into the pickle and hand the
 follower a StringIO); neither do locks, sockets, generators: the caller reports those.
 
@@ -142,6 +145,8 @@ class NamespacePickler(cloudpickle.Pickler):
         self._tensor_types: tuple[type, ...] = ()
         if torch is not None and hasattr(torch, "Tensor"):
             self._tensor_types = (torch.Tensor, torch.nn.Parameter)
+        stateful = sys.modules.get("torchdata.stateful_dataloader")
+        self._stateful_loader: type | None = getattr(stateful, "StatefulDataLoader", None)
 
     def _dynamic_function_reduce(self, func: Any) -> Any:
         reduced = super()._dynamic_function_reduce(func)
@@ -168,6 +173,8 @@ class NamespacePickler(cloudpickle.Pickler):
             return constructor, tuple("".join(a) if type(a) is str else a for a in args)
         if self._tensor_types and kind in self._tensor_types:
             return _reduce_tensor(obj)
+        if self._stateful_loader is not None and isinstance(obj, self._stateful_loader):
+            return _reduce_stateful_loader(obj)
         if isinstance(obj, io.IOBase) and not isinstance(obj, io.BytesIO | io.StringIO):
             # cloudpickle would read a whole file into the pickle (every cell) and hand the
             # follower a StringIO: an open file is host-local state and does not sync.
@@ -453,6 +460,21 @@ def _reduce_tensor(tensor: Any) -> Any:
     data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
     buffer = pickle.PickleBuffer(data)
     return (_rebuild_tensor, (buffer, tensor.dtype, tuple(tensor.shape), tensor.requires_grad))
+
+
+def _reduce_stateful_loader(loader: Any) -> Any:
+    """A torchdata StatefulDataLoader -> (rebuild, (class, attributes, position)). Its live
+    iterator does not pickle (a loader that has yielded a batch would never sync); its position
+    (``state_dict()``) does, and the follower's loader goes on from there."""
+    attributes = {k: v for k, v in vars(loader).items() if k != "_iterator"}
+    return (_rebuild_stateful_loader, (type(loader), attributes, loader.state_dict()))
+
+
+def _rebuild_stateful_loader(cls: type, attributes: dict[str, Any], position: Any) -> Any:
+    loader = cls.__new__(cls)
+    vars(loader).update(attributes, _iterator=None)
+    loader.load_state_dict(position)  # type: ignore[attr-defined]
+    return loader
 
 
 def _rebuild_tensor(buffer: Any, dtype: Any, shape: tuple[int, ...], requires_grad: bool) -> Any:
