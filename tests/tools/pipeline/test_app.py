@@ -162,3 +162,26 @@ def test_the_kernelfleet_command_dispatches_it(
     )  # fmt: skip
     assert missing.returncode == 2
     assert missing.stderr.strip().endswith(f"no profile at {tmp_path / 'absent.txt'}")
+
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+SHARED = README.parent.parent / "shared"
+
+
+@pytest.mark.skipif(not (SHARED / "data" / "pipedream").is_dir(), reason="../shared/data is absent")
+def test_the_readme_s_command_runs_as_written_and_writes_what_it_says(tmp_path: Path) -> None:
+    marker = "<!-- tested by tests/tools/pipeline/test_app.py: pipeline-plan -->"
+    text = README.read_text(encoding="utf-8")
+    block = text[text.index(marker) :].split("```bash\n", 1)[1].split("\n```\n", 1)[0]
+    clone = tmp_path / "clone"  # a clone's folder with ../shared beside it, as the README says
+    clone.mkdir()
+    (tmp_path / "shared").symlink_to(SHARED)
+    ran = subprocess.run(["bash", "-c", block], cwd=clone, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    plan = json.loads((clone / "vgg16.json").read_text())
+    assert plan["stages"] == [
+        {"layers": [0, 14], "replicas": 3},
+        {"layers": [15, 39], "replicas": 1},
+    ]
+    said = text[text.index(marker) :].split("on one worker, ", 1)[1].split("×", 1)[0]
+    assert f"{plan['speedup_vs_data_parallel']:.2f}" == said
