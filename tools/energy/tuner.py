@@ -167,7 +167,10 @@ def tune(
 def _optuna_quiet() -> Iterator[None]:
     """optuna's INFO lines (a study created, each trial told) silenced meanwhile; its level as
     the caller had it afterwards."""
-    import optuna
+    with warnings.catch_warnings():
+        # optuna imports tqdm.auto, which warns in a kernel without ipywidgets; no bars here
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        import optuna
 
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)

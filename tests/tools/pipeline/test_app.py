@@ -183,5 +183,6 @@ def test_the_readme_s_command_runs_as_written_and_writes_what_it_says(tmp_path: 
         {"layers": [0, 14], "replicas": 3},
         {"layers": [15, 39], "replicas": 1},
     ]
-    said = text[text.index(marker) :].split("on one worker, ", 1)[1].split("×", 1)[0]
+    after = text[text.index(marker) :].split("on one worker, ", 1)[1]
+    said = after.split("\N{MULTIPLICATION SIGN}", 1)[0]
     assert f"{plan['speedup_vs_data_parallel']:.2f}" == said
