@@ -470,10 +470,10 @@ def _reduce_stateful_loader(loader: Any) -> Any:
     return (_rebuild_stateful_loader, (type(loader), attributes, loader.state_dict()))
 
 
-def _rebuild_stateful_loader(cls: type, attributes: dict[str, Any], position: Any) -> Any:
+def _rebuild_stateful_loader(cls: Any, attributes: dict[str, Any], position: Any) -> Any:
     loader = cls.__new__(cls)
     vars(loader).update(attributes, _iterator=None)
-    loader.load_state_dict(position)  # type: ignore[attr-defined]
+    loader.load_state_dict(position)
     return loader
 
 
