@@ -225,10 +225,13 @@ async def test_hosts_restarted_with_fewer_gpus_idle_and_under_a_running_cell(pla
     fleet.signal_host("host-3", signal.SIGTERM)
     fleet.start_host("host-3", 1)
     wait_for(lambda: hosts(fleet)["host-3"]["gpus"]["total"] == 1, 10, "host-3's new report")
-    assert hosts(fleet)["host-3"]["gpus"] == {
+    gpus = hosts(fleet)["host-3"]["gpus"]
+    devices = gpus.pop("devices")
+    assert gpus == {
         "total": 1, "subscribed": 0, "committed": 0, "vanished": [], "over_committed": False,
-        "type": "virtual", "devices": [{"id": "0", "lent_to_job": None}],
+        "type": "virtual",
     }  # fmt: skip
+    assert [(d["id"], d["lent_to_job"], d["relative_speed"]) for d in devices] == [("0", None, 1.0)]
     assert_consistent(fleet)
 
     kernel_id = fleet.start_kernel(env={"KERNEL_GPUS": "2"})
