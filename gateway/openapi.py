@@ -20,11 +20,17 @@ from kernelfleet.gateway.gpu_speeds import (
     FINGERPRINT_SOURCES,
 )
 from kernelfleet.gateway.hosts import ISOLATION_KERNEL_USERS
+from kernelfleet.gateway.openapi_builders import (
+    INT,
+    STRINGS,
+    closed_object,
+    error_response,
+    json_response,
+    ref,
+)
 from kernelfleet.gateway.openapi_gpu_settings import gpu_settings_paths, gpu_settings_schemas
 from kernelfleet.gateway.openapi_jobs import job_paths, job_schemas
 
-_INT = {"type": "integer", "minimum": 0}
-_STRINGS = {"type": "array", "items": {"type": "string"}}
 _NULLABLE_STRING = {"type": "string", "nullable": True}
 _SECONDS = {"type": "number", "minimum": 0}
 _ID = "^[A-Za-z0-9_-][A-Za-z0-9_.-]*$"
@@ -32,39 +38,18 @@ _ID = "^[A-Za-z0-9_-][A-Za-z0-9_.-]*$"
 generated id reads as a ``.``/``..`` path segment."""
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _object(properties: dict[str, Any], optional: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A closed JSON object: every property required but the `optional` ones."""
-    schema = {"type": "object", "properties": properties, "additionalProperties": False}
-    required = [name for name in properties if name not in optional]
-    if required:  # OpenAPI 3.0 forbids an empty list
-        schema["required"] = required
-    return schema
-
-
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
-
-
-def _error(description: str) -> dict[str, Any]:
-    return _json(_ref("Error"), description)
-
-
 def _gpu_fingerprint_schema() -> dict[str, Any]:
     """One GPU's fingerprint (`kernelfleet.kernels.agent.fingerprint.GpuFingerprint`)."""
     figures = {
         **{name: {**_SECONDS, "nullable": True} for name in FINGERPRINT_NUMBERS},
-        **{name: {**_INT, "nullable": True} for name in FINGERPRINT_INTEGERS},
+        **{name: {**INT, "nullable": True} for name in FINGERPRINT_INTEGERS},
     }
     return {
-        **_object(
+        **closed_object(
             {
                 "source": {"type": "string", "enum": list(FINGERPRINT_SOURCES)},
                 **figures,
-                "notes": _STRINGS,
+                "notes": STRINGS,
             }
         ),
         "description": "How fast a GPU is, as its agent found at start: `measured` (matmul "
@@ -75,11 +60,11 @@ def _gpu_fingerprint_schema() -> dict[str, Any]:
 
 
 _AUTH_ERRORS = {
-    "401": _error(
+    "401": error_response(
         "No token presented, or a kernel token that is forged or whose kernel is gone "
         "(`reason`: `unauthorized`)."
     ),
-    "403": _error(
+    "403": error_response(
         "The token is not valid, or it is a kernel token this operation does not take "
         "(`reason`: `forbidden`)."
     ),
@@ -108,7 +93,7 @@ _HOST_ID = _path_param("host_id", _ID, "A host's id (`host-1`, ...).")
 _KERNEL_ID = _path_param("kernel_id", "^[A-Za-z0-9_-]+$", "A kernel's id.")
 _REPLICA_ID = _path_param("replica_id", _ID, "One of the kernel's replicas' ids.")
 
-_ISOLATION = _object(
+_ISOLATION = closed_object(
     {
         "kernel_user": {
             "type": "string",
@@ -122,13 +107,13 @@ _ISOLATION = _object(
 """A host's ``isolation``, as its agent reports it (``GET /api/host`` of the agent)."""
 
 _SCHEMAS: dict[str, Any] = {
-    "Error": _object(
+    "Error": closed_object(
         {
             "reason": {"type": "string", "description": "A short, stable code: `not-found`..."},
             "message": {"type": "string", "description": "What went wrong, for a person."},
         }
     ),
-    "Fleet": _object(
+    "Fleet": closed_object(
         {
             "version": {"type": "string", "description": "The gateway's kernelfleet version."},
             "policy": {"type": "string", "description": "The scheduling policy (`--policy`)."},
@@ -137,29 +122,29 @@ _SCHEMAS: dict[str, Any] = {
                 "minimum": 1,
                 "description": "Replicas per replicated kernel (`--replicas`).",
             },
-            "hosts": _object({"alive": _INT, "lost": _INT}),
+            "hosts": closed_object({"alive": INT, "lost": INT}),
             "gpus": {
-                **_object({"total": _INT, "subscribed": _INT, "committed": _INT}),
+                **closed_object({"total": INT, "subscribed": INT, "committed": INT}),
                 "description": "The alive hosts' GPUs, summed.",
             },
-            "kernels": _INT,
-            "jobs": _ref("JobsSummary"),
+            "kernels": INT,
+            "jobs": ref("JobsSummary"),
             "autoscaling": {
-                **_object(
+                **closed_object(
                     {
-                        "min_hosts": _INT,
-                        "max_hosts": {**_INT, "description": "0: no limit."},
-                        "gpus_per_host": _INT,
-                        "hosts_started": _STRINGS,
+                        "min_hosts": INT,
+                        "max_hosts": {**INT, "description": "0: no limit."},
+                        "gpus_per_host": INT,
+                        "hosts_started": STRINGS,
                         "last_round": {
-                            **_object(
+                            **closed_object(
                                 {
                                     "decision": {"type": "string"},
-                                    "started": _STRINGS,
-                                    "stopped": _STRINGS,
+                                    "started": STRINGS,
+                                    "stopped": STRINGS,
                                     "skipped": {
                                         "type": "array",
-                                        "items": _object(
+                                        "items": closed_object(
                                             {
                                                 "subject": {"type": "string"},
                                                 "why": {"type": "string"},
@@ -178,30 +163,30 @@ _SCHEMAS: dict[str, Any] = {
             },
         }
     ),
-    "Host": _object(
+    "Host": closed_object(
         {
             "id": {"type": "string"},
             "address": {"type": "string", "description": "The host agent's http(s) URL."},
             "state": {"type": "string", "enum": ["alive", "lost"]},
-            "gpus": _object(
+            "gpus": closed_object(
                 {
-                    "total": _INT,
-                    "subscribed": _INT,
-                    "committed": {**_INT, "description": "Never more than `total`."},
+                    "total": INT,
+                    "subscribed": INT,
+                    "committed": {**INT, "description": "Never more than `total`."},
                     "vanished": {
-                        **_STRINGS,
+                        **STRINGS,
                         "description": "Devices no longer reported that running cells hold.",
                     },
                     "over_committed": {"type": "boolean"},
                     "type": {"type": "string", "description": "The GPU type it advertises."},
                     "devices": {
                         "type": "array",
-                        "items": _object(
+                        "items": closed_object(
                             {
                                 "id": {"type": "string"},
                                 "lent_to_job": _NULLABLE_STRING,
                                 "relative_speed": {"type": "number", "minimum": 0},
-                                "fingerprint": {**_ref("GpuFingerprint"), "nullable": True},
+                                "fingerprint": {**ref("GpuFingerprint"), "nullable": True},
                             }
                         ),
                         "description": "Its devices; `lent_to_job`: the job it is lent to; "
@@ -221,7 +206,7 @@ _SCHEMAS: dict[str, Any] = {
     ),
     "GpuFingerprint": _gpu_fingerprint_schema(),
     "HostReport": {
-        **_object(
+        **closed_object(
             {
                 "address": {"type": "string", "pattern": "^https?://"},
                 "id": {"type": "string", "description": "If given, the path's host id."},
@@ -236,8 +221,10 @@ _SCHEMAS: dict[str, Any] = {
         ),
         "additionalProperties": True,
     },
-    "HostAck": _object({"id": {"type": "string"}, "state": {"type": "string", "enum": ["alive"]}}),
-    "Replica": _object(
+    "HostAck": closed_object(
+        {"id": {"type": "string"}, "state": {"type": "string", "enum": ["alive"]}}
+    ),
+    "Replica": closed_object(
         {
             "id": {"type": "string"},
             "host": {"type": "string"},
@@ -256,26 +243,26 @@ _SCHEMAS: dict[str, Any] = {
             },
         }
     ),
-    "Kernel": _object(
+    "Kernel": closed_object(
         {
             "id": {"type": "string"},
             "name": {"type": "string", "description": "Its kernelspec."},
-            "replicas": {"type": "array", "items": _ref("Replica")},
+            "replicas": {"type": "array", "items": ref("Replica")},
             "executor": {
                 "type": "string",
                 "nullable": True,
                 "description": "The replica that runs its cells; null when none was chosen yet.",
             },
             "gpus": {
-                **_INT,
+                **INT,
                 "description": "GPUs per cell unless a cell asks otherwise (`%%gpus N`, metadata).",
             },
             "gpus_held": {
                 "type": "array",
-                "items": _object({"host": {"type": "string"}, "devices": _STRINGS}),
+                "items": closed_object({"host": {"type": "string"}, "devices": STRINGS}),
                 "description": "Devices bound to it right now, by host.",
             },
-            "queued_cells": {**_INT, "description": "Its cells in the gateway, not begun yet."},
+            "queued_cells": {**INT, "description": "Its cells in the gateway, not begun yet."},
             "last_activity": {
                 "type": "number",
                 "nullable": True,
@@ -287,12 +274,12 @@ _SCHEMAS: dict[str, Any] = {
             },
             "user": {**_NULLABLE_STRING, "description": "`KERNEL_USERNAME` as sent at start."},
             "waiting": {
-                **_object(
+                **closed_object(
                     {
                         "cell_id": {"type": "string"},
-                        "gpus": _INT,
+                        "gpus": INT,
                         "reason": {"type": "string"},
-                        "cells_ahead": _INT,
+                        "cells_ahead": INT,
                         "text": {"type": "string", "description": "For a person."},
                     }
                 ),
@@ -302,19 +289,19 @@ _SCHEMAS: dict[str, Any] = {
             },
             "recent_cells": {
                 "type": "array",
-                "items": _ref("RecentCell"),
+                "items": ref("RecentCell"),
                 "description": "Its last 10 cells, newest last.",
             },
             "degraded": {
-                **_object(
+                **closed_object(
                     {
                         "since": {**_SECONDS, "description": "Unix seconds since it misses one."},
                         "reason": {
                             "type": "string",
                             "description": "The true cause, and what the replacement waits for.",
                         },
-                        "live_replicas": {**_INT, "description": "Replicas that answer now."},
-                        "wanted_replicas": {**_INT, "description": "Its replicas when whole."},
+                        "live_replicas": {**INT, "description": "Replicas that answer now."},
+                        "wanted_replicas": {**INT, "description": "Its replicas when whole."},
                     }
                 ),
                 "nullable": True,
@@ -322,12 +309,12 @@ _SCHEMAS: dict[str, Any] = {
             },
         }
     ),
-    "RecentCell": _object(
+    "RecentCell": closed_object(
         {
             "id": {"type": "string", "description": "The execute_request's msg_id."},
             "host": {**_NULLABLE_STRING, "description": "Where it ran; null until assigned."},
-            "gpus": {**_INT, "nullable": True},
-            "devices": _STRINGS,
+            "gpus": {**INT, "nullable": True},
+            "devices": STRINGS,
             "queued_at": {"type": "number", "description": "Unix seconds."},
             "started_at": {"type": "number", "nullable": True},
             "start_delay_s": {**_SECONDS, "nullable": True},
@@ -337,9 +324,9 @@ _SCHEMAS: dict[str, Any] = {
             "duration_s": {**_SECONDS, "nullable": True},
         }
     ),
-    "Event": _object(
+    "Event": closed_object(
         {
-            "seq": {**_INT, "description": "Monotonic per gateway run."},
+            "seq": {**INT, "description": "Monotonic per gateway run."},
             "time": {"type": "number", "description": "Unix seconds."},
             "type": {"type": "string", "enum": [t.value for t in EventType]},
             "kernel_id": _NULLABLE_STRING,
@@ -350,7 +337,7 @@ _SCHEMAS: dict[str, Any] = {
             },
         }
     ),
-    "KernelMigration": _object(
+    "KernelMigration": closed_object(
         {
             "state": {
                 "type": "string",
@@ -370,10 +357,10 @@ _SCHEMAS: dict[str, Any] = {
         }
     ),
     "GpuSetting": {
-        **_object({"gpus": {"type": "integer"}}),
+        **closed_object({"gpus": {"type": "integer"}}),
         "description": "`gpus`: a non-negative integer, at most the largest host's GPUs.",
     },
-    "Migration": _object(
+    "Migration": closed_object(
         {"host": {"type": "string", "description": "Where to; left out: the policy chooses."}},
         optional=("host",),
     ),
@@ -384,14 +371,14 @@ _PATHS: dict[str, Any] = {
         "get": {
             "operationId": "getFleet",
             "summary": "What the gateway runs and a summary of the fleet.",
-            "responses": {"200": _json(_ref("Fleet"), "The fleet."), **_AUTH_ERRORS},
+            "responses": {"200": json_response(ref("Fleet"), "The fleet."), **_AUTH_ERRORS},
         }
     },
     "/api/fleet/openapi.json": {
         "get": {
             "operationId": "getOpenApi",
             "summary": "This description, `servers` naming the gateway that served it.",
-            "responses": {"200": _json({"type": "object"}, "OpenAPI 3."), **_AUTH_ERRORS},
+            "responses": {"200": json_response({"type": "object"}, "OpenAPI 3."), **_AUTH_ERRORS},
         }
     },
     "/api/fleet/hosts": {
@@ -399,7 +386,7 @@ _PATHS: dict[str, Any] = {
             "operationId": "listHosts",
             "summary": "Every host the gateway knows.",
             "responses": {
-                "200": _json({"type": "array", "items": _ref("Host")}, "The hosts."),
+                "200": json_response({"type": "array", "items": ref("Host")}, "The hosts."),
                 **_AUTH_ERRORS,
             },
         }
@@ -410,8 +397,8 @@ _PATHS: dict[str, Any] = {
             "operationId": "getHost",
             "summary": "One host.",
             "responses": {
-                "200": _json(_ref("Host"), "The host."),
-                "404": _error("No such host."),
+                "200": json_response(ref("Host"), "The host."),
+                "404": error_response("No such host."),
                 **_AUTH_ERRORS,
             },
         },
@@ -420,17 +407,17 @@ _PATHS: dict[str, Any] = {
             "summary": "A host agent's registration and heartbeat (one idempotent call).",
             "requestBody": {
                 "required": True,
-                "content": {"application/json": {"schema": _ref("HostReport")}},
+                "content": {"application/json": {"schema": ref("HostReport")}},
             },
             "responses": {
-                "200": _json(_ref("HostAck"), "Recorded; the host is alive."),
-                "400": _error("Not a valid report."),
+                "200": json_response(ref("HostAck"), "Recorded; the host is alive."),
+                "400": error_response("Not a valid report."),
                 **_AUTH_ERRORS,
-                "401": _error(
+                "401": error_response(
                     "No token, or not the fleet token: a host agent with a wrong token is "
                     "refused, and the gateway logs it once per agent (`reason`: `unauthorized`)."
                 ),
-                "409": _error(
+                "409": error_response(
                     "Another live agent (another instance, at another address) is this host: "
                     "the message names the host and that agent's address (`reason`: "
                     "`host-id-taken`)."
@@ -455,9 +442,11 @@ _PATHS: dict[str, Any] = {
             ],
             "responses": {
                 "101": {"description": "Switching to the websocket protocol."},
-                "400": _error("Not a websocket request."),
-                "404": _error("No such host: it has not registered (yet)."),
-                "409": _error("Another agent is this host now (`reason`: `host-id-taken`)."),
+                "400": error_response("Not a websocket request."),
+                "404": error_response("No such host: it has not registered (yet)."),
+                "409": error_response(
+                    "Another agent is this host now (`reason`: `host-id-taken`)."
+                ),
                 **_AUTH_ERRORS,
             },
         },
@@ -477,9 +466,9 @@ _PATHS: dict[str, Any] = {
                 },
             ],
             "responses": {
-                "200": _json({"type": "array", "items": _ref("Event")}, "The events."),
-                "400": _error("`n` is not an integer from 1 to 1000."),
-                "404": _error("No such kernel."),
+                "200": json_response({"type": "array", "items": ref("Event")}, "The events."),
+                "400": error_response("`n` is not an integer from 1 to 1000."),
+                "404": error_response("No such kernel."),
                 **_AUTH_ERRORS,
             },
         }
@@ -502,8 +491,8 @@ _PATHS: dict[str, Any] = {
             ],
             "responses": {
                 "101": {"description": "Switching to the websocket protocol."},
-                "400": _error("Not a websocket request, or `since` is not a number."),
-                "404": _error("No such kernel."),
+                "400": error_response("Not a websocket request, or `since` is not a number."),
+                "404": error_response("No such kernel."),
                 **_AUTH_ERRORS,
             },
         }
@@ -513,7 +502,7 @@ _PATHS: dict[str, Any] = {
             "operationId": "listKernels",
             "summary": "Every kernel and its replicas.",
             "responses": {
-                "200": _json({"type": "array", "items": _ref("Kernel")}, "The kernels."),
+                "200": json_response({"type": "array", "items": ref("Kernel")}, "The kernels."),
                 **_AUTH_ERRORS,
             },
         }
@@ -524,8 +513,8 @@ _PATHS: dict[str, Any] = {
             "operationId": "getKernel",
             "summary": "One kernel and its replicas.",
             "responses": {
-                "200": _json(_ref("Kernel"), "The kernel."),
-                "404": _error("No such kernel."),
+                "200": json_response(ref("Kernel"), "The kernel."),
+                "404": error_response("No such kernel."),
                 **_AUTH_ERRORS,
             },
         },
@@ -540,20 +529,22 @@ _PATHS: dict[str, Any] = {
             ),
             "requestBody": {
                 "required": False,
-                "content": {"application/json": {"schema": _ref("Migration")}},
+                "content": {"application/json": {"schema": ref("Migration")}},
             },
             "responses": {
-                "200": _json(_ref("KernelMigration"), "Moved."),
-                "202": _json(_ref("KernelMigration"), "Checked; moves once the running cell ends."),
-                "400": _error("Not a valid body."),
-                "404": _error("No such kernel or host (the message names it)."),
-                "409": _error(
+                "200": json_response(ref("KernelMigration"), "Moved."),
+                "202": json_response(
+                    ref("KernelMigration"), "Checked; moves once the running cell ends."
+                ),
+                "400": error_response("Not a valid body."),
+                "404": error_response("No such kernel or host (the message names it)."),
+                "409": error_response(
                     "It cannot move: the kernel has a single replica, the replica is not ready "
                     "or is on that host already, or the host is lost or holds another replica."
                 ),
-                "500": _error("The new replica failed to start (`kernel-start-failed`)."),
-                "502": _error("A host agent did not answer."),
-                "503": _error("No host can take the new replica."),
+                "500": error_response("The new replica failed to start (`kernel-start-failed`)."),
+                "502": error_response("A host agent did not answer."),
+                "503": error_response("No host can take the new replica."),
                 **_AUTH_ERRORS,
             },
         },
@@ -568,16 +559,16 @@ _PATHS: dict[str, Any] = {
             ),
             "requestBody": {
                 "required": True,
-                "content": {"application/json": {"schema": _ref("GpuSetting")}},
+                "content": {"application/json": {"schema": ref("GpuSetting")}},
             },
             "responses": {
-                "200": _json(_ref("Kernel"), "Set; the kernel as it is now."),
-                "400": _error(
+                "200": json_response(ref("Kernel"), "Set; the kernel as it is now."),
+                "400": error_response(
                     "Not a non-negative integer, or more GPUs than any host has (the message "
                     "says the largest host's count)."
                 ),
-                "404": _error("No such kernel."),
-                "409": _error("The policy holds a kernel's GPUs for its whole life."),
+                "404": error_response("No such kernel."),
+                "409": error_response("The policy holds a kernel's GPUs for its whole life."),
                 **_AUTH_ERRORS,
             },
         },
@@ -589,19 +580,19 @@ _PATHS: dict[str, Any] = {
             "summary": "Move a replica: a new one joins the group in its place, then it stops.",
             "requestBody": {
                 "required": False,
-                "content": {"application/json": {"schema": _ref("Migration")}},
+                "content": {"application/json": {"schema": ref("Migration")}},
             },
             "responses": {
-                "200": _json(_ref("Kernel"), "Moved; the kernel as it is now."),
-                "400": _error("Not a valid body."),
-                "404": _error("No such kernel, replica or host."),
-                "409": _error(
+                "200": json_response(ref("Kernel"), "Moved; the kernel as it is now."),
+                "400": error_response("Not a valid body."),
+                "404": error_response("No such kernel, replica or host."),
+                "409": error_response(
                     "It cannot move: the kernel is not replicated, the replica is not ready, "
                     "or the host is lost or already holds one of the kernel's replicas."
                 ),
-                "500": _error("The new replica failed to start (`kernel-start-failed`)."),
-                "502": _error("A host agent did not answer."),
-                "503": _error("No host can take the new replica."),
+                "500": error_response("The new replica failed to start (`kernel-start-failed`)."),
+                "502": error_response("A host agent did not answer."),
+                "503": error_response("No host can take the new replica."),
                 **_AUTH_ERRORS,
             },
         },

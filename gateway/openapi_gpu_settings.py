@@ -6,33 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelfleet.gateway.openapi_builders import (
+    closed_object,
+    error_response,
+    json_response,
+    ref,
+)
+
 _MHZ = {"type": "integer", "minimum": 1}
 _WATTS = {"type": "number", "exclusiveMinimum": True, "minimum": 0}
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _object(properties: dict[str, Any], optional: tuple[str, ...] = ()) -> dict[str, Any]:
-    schema = {"type": "object", "properties": properties, "additionalProperties": False}
-    required = [name for name in properties if name not in optional]
-    if required:
-        schema["required"] = required
-    return schema
-
-
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
-
-
-def _error(description: str) -> dict[str, Any]:
-    return _json(_ref("Error"), description)
-
-
 _KNOBS = {"gpu_clock_mhz": _MHZ, "mem_clock_mhz": _MHZ, "power_limit_w": _WATTS}
-_ALL_KNOBS = _object(_KNOBS)
-_SOME_KNOBS = _object(_KNOBS, optional=tuple(_KNOBS))
+_ALL_KNOBS = closed_object(_KNOBS)
+_SOME_KNOBS = closed_object(_KNOBS, optional=tuple(_KNOBS))
 _WHERE = {
     "kernel_id": {"type": "string"},
     "host_id": {"type": "string", "description": "The host whose GPUs they are."},
@@ -51,18 +38,18 @@ def gpu_settings_schemas() -> dict[str, Any]:
     }
     return {
         "GpuSettingsChange": {
-            **_object(
+            **closed_object(
                 {**_KNOBS, "dry_run": {"type": "boolean", "default": False}},
                 optional=(*_KNOBS, "dry_run"),
             ),
             "description": "One or more knobs; `dry_run`: answer the NVML calls, change nothing.",
         },
-        "GpuSettings": _object(
+        "GpuSettings": closed_object(
             {
                 **_WHERE,
                 "devices": {
                     "type": "array",
-                    "items": _object(
+                    "items": closed_object(
                         {
                             **device,
                             "current": _ALL_KNOBS,
@@ -71,7 +58,7 @@ def gpu_settings_schemas() -> dict[str, Any]:
                                 "description": "With nothing locked: the maximum clocks and "
                                 "the default power limit.",
                             },
-                            "ranges": _object(
+                            "ranges": closed_object(
                                 {
                                     "gpu_clock_mhz": {"type": "array", "items": _MHZ},
                                     "mem_clock_mhz": {"type": "array", "items": _MHZ},
@@ -92,13 +79,13 @@ def gpu_settings_schemas() -> dict[str, Any]:
                 },
             }
         ),
-        "GpuSettingsApplied": _object(
+        "GpuSettingsApplied": closed_object(
             {
                 **_WHERE,
                 "dry_run": {"type": "boolean"},
                 "devices": {
                     "type": "array",
-                    "items": _object(
+                    "items": closed_object(
                         {
                             **device,
                             "applied": _SOME_KNOBS,
@@ -117,16 +104,16 @@ def gpu_settings_schemas() -> dict[str, Any]:
 
 
 def gpu_settings_paths(kernel_id: dict[str, Any], auth_errors: dict[str, Any]) -> dict[str, Any]:
-    not_bound = _error(
+    not_bound = error_response(
         "No running cell of the kernel holds GPUs (`no-gpus-bound`), or its host no longer "
         "reports them."
     )
-    no_agent = _error("The host agent did not answer, or NVML failed there.")
-    refused = _error(
+    no_agent = error_response("The host agent did not answer, or NVML failed there.")
+    refused = error_response(
         "A kernel token of another kernel (`forbidden`), or NVML refused the change "
         "(`permission-denied`: the host agent is not root): nothing stays changed."
     )
-    unknown = _error("No such kernel.")
+    unknown = error_response("No such kernel.")
     return {
         "/api/fleet/kernels/{kernel_id}/gpu-settings": {
             "parameters": [kernel_id],
@@ -135,7 +122,7 @@ def gpu_settings_paths(kernel_id: dict[str, Any], auth_errors: dict[str, Any]) -
                 "summary": "The clocks, power limits and ranges of the GPUs the kernel's running "
                 "cell holds. A kernel's own token may.",
                 "responses": {
-                    "200": _json(_ref("GpuSettings"), "The bound devices."),
+                    "200": json_response(ref("GpuSettings"), "The bound devices."),
                     "404": unknown,
                     "409": not_bound,
                     "502": no_agent,
@@ -149,11 +136,13 @@ def gpu_settings_paths(kernel_id: dict[str, Any], auth_errors: dict[str, Any]) -
                 "them, however it ends. A kernel's own token may.",
                 "requestBody": {
                     "required": True,
-                    "content": {"application/json": {"schema": _ref("GpuSettingsChange")}},
+                    "content": {"application/json": {"schema": ref("GpuSettingsChange")}},
                 },
                 "responses": {
-                    "200": _json(_ref("GpuSettingsApplied"), "Set (or planned, in a dry run)."),
-                    "400": _error(
+                    "200": json_response(
+                        ref("GpuSettingsApplied"), "Set (or planned, in a dry run)."
+                    ),
+                    "400": error_response(
                         "An unknown knob, nothing to set, or a value outside a device's ranges "
                         "(`invalid-request`; the message lists what is supported)."
                     ),
@@ -171,7 +160,7 @@ def gpu_settings_paths(kernel_id: dict[str, Any], auth_errors: dict[str, Any]) -
                 "responses": {
                     "204": {"description": "Reset."},
                     "404": unknown,
-                    "409": _error("The host no longer reports the bound GPUs."),
+                    "409": error_response("The host no longer reports the bound GPUs."),
                     "502": no_agent,
                     **auth_errors,
                     "403": refused,

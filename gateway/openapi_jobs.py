@@ -6,31 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
-_INT = {"type": "integer", "minimum": 0}
-_STRINGS = {"type": "array", "items": {"type": "string"}}
+from kernelfleet.gateway.openapi_builders import (
+    INT,
+    STRINGS,
+    closed_object,
+    error_response,
+    json_response,
+    ref,
+)
+
 _TIME = {"type": "string", "format": "date-time"}
 _NULLABLE_TIME = {**_TIME, "nullable": True}
 _STATES = ["queued", "running", "stopping", "completed", "failed", "cancelled"]
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _object(properties: dict[str, Any], optional: tuple[str, ...] = ()) -> dict[str, Any]:
-    schema = {"type": "object", "properties": properties, "additionalProperties": False}
-    required = [name for name in properties if name not in optional]
-    if required:
-        schema["required"] = required
-    return schema
-
-
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
-
-
-def _error(description: str) -> dict[str, Any]:
-    return _json(_ref("Error"), description)
 
 
 def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
@@ -39,7 +26,7 @@ def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
 
 def job_schemas() -> dict[str, Any]:
     return {
-        "Job": _object(
+        "Job": closed_object(
             {
                 "id": {"type": "string"},
                 "name": {"type": "string"},
@@ -51,7 +38,7 @@ def job_schemas() -> dict[str, Any]:
                 "state": {"type": "string", "enum": _STATES},
                 "gpus": {"type": "integer", "minimum": 1},
                 "steps": {"type": "integer", "minimum": 1},
-                "steps_done": _INT,
+                "steps_done": INT,
                 "weight": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
                 "throughput": {
                     "type": "object",
@@ -59,11 +46,11 @@ def job_schemas() -> dict[str, Any]:
                     "description": "Steps/s learned per GPU type from the job's reports.",
                 },
                 "lease": {
-                    **_object(
+                    **closed_object(
                         {
                             "host": {"type": "string"},
                             "gpu_type": {"type": "string"},
-                            "devices": _STRINGS,
+                            "devices": STRINGS,
                         }
                     ),
                     "nullable": True,
@@ -71,18 +58,18 @@ def job_schemas() -> dict[str, Any]:
                 "submitted_at": _TIME,
                 "started_at": _NULLABLE_TIME,
                 "finished_at": _NULLABLE_TIME,
-                "preemptions": _INT,
-                "lost_steps": {**_INT, "description": "Steps lost to kills after the grace."},
-                "restarts": _INT,
+                "preemptions": INT,
+                "lost_steps": {**INT, "description": "Steps lost to kills after the grace."},
+                "restarts": INT,
                 "exit_code": {"type": "integer", "nullable": True},
                 "error": {"type": "string", "nullable": True},
-                "log_tail": _STRINGS,
+                "log_tail": STRINGS,
             }
         ),
-        "JobList": _object(
-            {"policy": {"type": "string"}, "jobs": {"type": "array", "items": _ref("Job")}}
+        "JobList": closed_object(
+            {"policy": {"type": "string"}, "jobs": {"type": "array", "items": ref("Job")}}
         ),
-        "JobSubmission": _object(
+        "JobSubmission": closed_object(
             {
                 "name": {"type": "string", "maxLength": 200},
                 "source": {"type": "string", "description": "The script's text."},
@@ -90,31 +77,31 @@ def job_schemas() -> dict[str, Any]:
                     "type": "string",
                     "description": "base64 of the cloudpickle of a zero-argument callable.",
                 },
-                "args": _STRINGS,
+                "args": STRINGS,
                 "gpus": {"type": "integer", "minimum": 1},
                 "steps": {"type": "integer", "minimum": 1},
                 "weight": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
             },
             optional=("name", "source", "function", "args", "weight"),
         ),
-        "JobProgress": _object(
-            {"steps_done": _INT, "checkpoint_step": _INT, "throughput": {"type": "number"}},
+        "JobProgress": closed_object(
+            {"steps_done": INT, "checkpoint_step": INT, "throughput": {"type": "number"}},
             optional=("steps_done", "checkpoint_step", "throughput"),
         ),
-        "JobLogs": _object({"id": {"type": "string"}, "lines": _STRINGS}),
-        "JobPolicy": _object({"policy": {"type": "string"}, "available": _STRINGS}),
-        "JobPolicyChoice": _object({"policy": {"type": "string"}}),
-        "JobSimulation": _object({"policies": _STRINGS}, optional=("policies",)),
-        "JobSimulationResult": _object(
+        "JobLogs": closed_object({"id": {"type": "string"}, "lines": STRINGS}),
+        "JobPolicy": closed_object({"policy": {"type": "string"}, "available": STRINGS}),
+        "JobPolicyChoice": closed_object({"policy": {"type": "string"}}),
+        "JobSimulation": closed_object({"policies": STRINGS}, optional=("policies",)),
+        "JobSimulationResult": closed_object(
             {
                 "policies": {
                     "type": "object",
-                    "additionalProperties": _object(
+                    "additionalProperties": closed_object(
                         {
                             "avg_jct_s": {"type": "number"},
                             "makespan_s": {"type": "number"},
                             "utilisation": {"type": "number"},
-                            "ftf_rho": _object(
+                            "ftf_rho": closed_object(
                                 {
                                     "median": {"type": "number"},
                                     "p75": {"type": "number"},
@@ -122,13 +109,13 @@ def job_schemas() -> dict[str, Any]:
                                     "unfair_share": {"type": "number"},
                                 }
                             ),
-                            "jobs": _INT,
+                            "jobs": INT,
                         }
                     ),
                 }
             }
         ),
-        "JobsSummary": _object({"queued": _INT, "running": _INT, "gpus_lent": _INT}),
+        "JobsSummary": closed_object({"queued": INT, "running": INT, "gpus_lent": INT}),
     }
 
 
@@ -140,23 +127,23 @@ def job_paths(auth_errors: dict[str, Any]) -> dict[str, Any]:
         "description": "A job's id (`job-1a2b3c4d`).",
         "schema": {"type": "string", "pattern": "^job-[A-Za-z0-9_-]+$"},
     }
-    not_found = {"404": _error("No such job (`not-found`; the message names the id).")}
+    not_found = {"404": error_response("No such job (`not-found`; the message names the id).")}
     return {
         "/api/fleet/jobs": {
             "get": {
                 "operationId": "listJobs",
                 "summary": "Every job, newest last, and the job policy.",
-                "responses": {"200": _json(_ref("JobList"), "The jobs."), **auth_errors},
+                "responses": {"200": json_response(ref("JobList"), "The jobs."), **auth_errors},
             },
             "post": {
                 "operationId": "submitJob",
                 "summary": "Submit a job (a script or a pickled function). A kernel's token "
                 "may: its kernel owns the job.",
-                "requestBody": _body(_ref("JobSubmission")),
+                "requestBody": _body(ref("JobSubmission")),
                 "responses": {
-                    "201": _json(_ref("Job"), "Queued."),
-                    "400": _error("A bad field (`invalid-request`)."),
-                    "409": _error(
+                    "201": json_response(ref("Job"), "Queued."),
+                    "400": error_response("A bad field (`invalid-request`)."),
+                    "409": error_response(
                         "No host could ever give that many GPUs (`never-fits`; the message "
                         "names the largest host)."
                     ),
@@ -168,15 +155,15 @@ def job_paths(auth_errors: dict[str, Any]) -> dict[str, Any]:
             "get": {
                 "operationId": "getJobPolicy",
                 "summary": "The job policy and those available.",
-                "responses": {"200": _json(_ref("JobPolicy"), "The policy."), **auth_errors},
+                "responses": {"200": json_response(ref("JobPolicy"), "The policy."), **auth_errors},
             },
             "put": {
                 "operationId": "setJobPolicy",
                 "summary": "Use another job policy from the next round.",
-                "requestBody": _body(_ref("JobPolicyChoice")),
+                "requestBody": _body(ref("JobPolicyChoice")),
                 "responses": {
-                    "200": _json(_ref("JobPolicy"), "Set."),
-                    "400": _error("An unknown policy, or not a valid body."),
+                    "200": json_response(ref("JobPolicy"), "Set."),
+                    "400": error_response("An unknown policy, or not a valid body."),
                     **auth_errors,
                 },
             },
@@ -186,10 +173,10 @@ def job_paths(auth_errors: dict[str, Any]) -> dict[str, Any]:
                 "operationId": "simulateJobs",
                 "summary": "What-if: the unfinished jobs under each policy, with the job "
                 "simulator, on the GPUs jobs may use and the throughputs learned so far.",
-                "requestBody": _body(_ref("JobSimulation"), required=False),
+                "requestBody": _body(ref("JobSimulation"), required=False),
                 "responses": {
-                    "200": _json(_ref("JobSimulationResult"), "Each policy's figures."),
-                    "400": _error("An unknown policy, or not a valid body."),
+                    "200": json_response(ref("JobSimulationResult"), "Each policy's figures."),
+                    "400": error_response("An unknown policy, or not a valid body."),
                     **auth_errors,
                 },
             }
@@ -199,14 +186,18 @@ def job_paths(auth_errors: dict[str, Any]) -> dict[str, Any]:
             "get": {
                 "operationId": "getJob",
                 "summary": "One job.",
-                "responses": {"200": _json(_ref("Job"), "The job."), **not_found, **auth_errors},
+                "responses": {
+                    "200": json_response(ref("Job"), "The job."),
+                    **not_found,
+                    **auth_errors,
+                },
             },
             "delete": {
                 "operationId": "cancelJob",
                 "summary": "Cancel a job (stopped first if it runs: SIGTERM, grace, SIGKILL). "
                 "A kernel's token may cancel its own kernel's jobs only (403 otherwise).",
                 "responses": {
-                    "200": _json(_ref("Job"), "Cancelled (or finished already)."),
+                    "200": json_response(ref("Job"), "Cancelled (or finished already)."),
                     **not_found,
                     **auth_errors,
                 },
@@ -227,8 +218,8 @@ def job_paths(auth_errors: dict[str, Any]) -> dict[str, Any]:
                     }
                 ],
                 "responses": {
-                    "200": _json(_ref("JobLogs"), "The lines."),
-                    "400": _error("`tail` is not a number of lines."),
+                    "200": json_response(ref("JobLogs"), "The lines."),
+                    "400": error_response("`tail` is not a number of lines."),
                     **not_found,
                     **auth_errors,
                 },
@@ -240,10 +231,10 @@ def job_paths(auth_errors: dict[str, Any]) -> dict[str, Any]:
                 "operationId": "reportJobProgress",
                 "summary": "The job's own report (`kernelfleet.jobs.sdk`), with its job token "
                 "(`kfj1.`) or the fleet token.",
-                "requestBody": _body(_ref("JobProgress")),
+                "requestBody": _body(ref("JobProgress")),
                 "responses": {
-                    "200": _json(_ref("Job"), "Recorded."),
-                    "400": _error("Not a valid body."),
+                    "200": json_response(ref("Job"), "Recorded."),
+                    "400": error_response("Not a valid body."),
                     **not_found,
                     **auth_errors,
                 },
