@@ -217,7 +217,28 @@ def hosts_view(hosts: Sequence[dict[str, Any]]) -> View:
     )
     if with_loans:
         header += ("lent to jobs",)
+    speeds = [relative_speeds(h.get("gpus") or {}) for h in hosts]
+    if any(speed != 1.0 for host in speeds for speed in host):
+        header += ("relative speeds",)
+        rows = tuple(
+            (*row, ", ".join(f"{s:g}" for s in host))
+            for row, host in zip(rows, speeds, strict=True)
+        )
     return View(Section(counted(len(hosts), "host"), "", header, rows))
+
+
+def relative_speeds(gpus: dict[str, Any]) -> list[float]:
+    """Each device's speed relative to its type (``relative_speed`` in a ``devices`` list of
+    objects, `kernelfleet.gateway.gpu_speeds`), in the host's order; none from an older
+    gateway. The column shows only when some GPU is not at 1.0."""
+    devices = gpus.get("devices")
+    if not isinstance(devices, list):
+        return []
+    return [
+        float(d["relative_speed"])
+        for d in devices
+        if isinstance(d, dict) and isinstance(d.get("relative_speed"), int | float)
+    ]
 
 
 def lent_devices(gpus: dict[str, Any]) -> dict[str, str] | None:

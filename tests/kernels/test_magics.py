@@ -226,6 +226,21 @@ def test_views_of_an_older_gateways_models_leave_out_what_it_does_not_send():
     assert "(none)" in repr(views.events_view([]))
 
 
+def test_fleet_hosts_shows_relative_speeds_once_a_gpu_is_not_at_one():
+    def host(host_id, *speeds):
+        devices = [{"id": str(i), "lent_to_job": None, "relative_speed": s}
+                   for i, s in enumerate(speeds)]  # fmt: skip
+        return {"id": host_id, "state": "alive", "gpus": {"total": len(speeds), "devices": devices}}
+
+    even = repr(views.hosts_view([host("host-1", 1.0, 1.0)]))
+    assert "speed" not in even, "no column while every GPU runs at its type's speed"
+    lines = repr(views.hosts_view([host("host-1", 0.5, 0.6), host("host-2", 0.5, 1.2)]))
+    rows = lines.splitlines()
+    assert rows[1].endswith("relative speeds")
+    assert rows[2].endswith("0.5, 0.6")
+    assert rows[3].endswith("0.5, 1.2")
+
+
 # ---- the registry ------------------------------------------------------------------------------
 
 FAKE_TOOL = """
