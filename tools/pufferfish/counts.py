@@ -35,9 +35,12 @@ def linear_params(out_features: int, in_features: int, bias: bool, rank: int | N
 
 
 def conv2d_params(
-    out_channels: int, in_channels: int, kernel: tuple[int, int], bias: bool,
+    out_channels: int,
+    in_channels: int,
+    kernel: tuple[int, int],
+    bias: bool,
     rank: int | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """Parameters of a Conv2d (groups 1): ``c_out c_in k_h k_w + c_out`` full,
     ``r c_in k_h k_w + r c_out + c_out`` at `rank` r (the bias term only when `bias`)."""
     bias_count = out_channels if bias else 0

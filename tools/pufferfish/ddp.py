@@ -5,9 +5,9 @@ to the hook, which adds the bucket's flat buffer (numel x element size) to ``cou
 then all-reduces it exactly as DDP's default does (``default_hooks.allreduce_hook``: sum, then
 divide by the group's size). After a training step ``counter.bytes`` is the all-reduce payload
 of that step, which `counts` derives in closed form.
-"""
 
-from __future__ import annotations
+(No ``from __future__ import annotations`` here: DDP checks the hook's annotations as objects.)
+"""
 
 from dataclasses import dataclass
 

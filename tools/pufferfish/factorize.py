@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from kernelfleet.tools.pufferfish.counts import allreduce_bytes, conv2d_params, linear_params
@@ -76,7 +77,8 @@ class LayerChoice:
         if self.kind == "Linear":
             return linear_params(self.shape[0], self.shape[1], self.bias, rank)
         if self.kind == "Conv2d" and self.full_rank:
-            return conv2d_params(self.shape[0], self.shape[1], self.shape[2:4], self.bias, rank)
+            kernel = (self.shape[2], self.shape[3])
+            return conv2d_params(self.shape[0], self.shape[1], kernel, self.bias, rank)
         return self.own_params
 
 
@@ -121,7 +123,7 @@ class Factorization:
 
     plan: FactorizationPlan
     model: nn.Module
-    replaced: dict[nn.Parameter, tuple[nn.Parameter, ...]]
+    replaced: dict[torch.Tensor, tuple[torch.Tensor, ...]]
 
 
 def plan_factorization(
@@ -131,8 +133,10 @@ def plan_factorization(
     `keep_full` names (module docstring; an unknown name is a ValueError listing the layers)."""
     check_ratio(ratio)
     if isinstance(model, nn.parallel.DistributedDataParallel):
-        raise ValueError("give the module inside DistributedDataParallel (.module), then wrap "
-                         "the factorised model again: DDP's buckets hold the old parameters")  # fmt: skip
+        raise ValueError(
+            "give the module inside DistributedDataParallel (.module), then wrap "
+            "the factorised model again: DDP's buckets hold the old parameters"
+        )
     shared = _shared_parameters(model)
     found: list[tuple[str, nn.Module, str]] = []  # name, layer, why it stays full ("" if not)
     covered: set[int] = set()
@@ -153,7 +157,9 @@ def plan_factorization(
                 why = "weight shared with another module"
             found.append((name, module, why))
     kept = _kept_by_user([name for name, _, why in found if not why], keep_full)
-    layers = tuple(_choice(name, layer, ratio, why or kept.get(name, "")) for name, layer, why in found)
+    layers = tuple(
+        _choice(name, layer, ratio, why or kept.get(name, "")) for name, layer, why in found
+    )
     others = [p for p in model.parameters() if id(p) not in covered]
     other_bytes = allreduce_bytes(others)
     other_params = sum(p.numel() for p in {id(p): p for p in others if p.requires_grad}.values())
@@ -169,7 +175,7 @@ def factorize(
     plan = plan_factorization(model, ratio, keep_full)
     if not plan.factorized:
         raise NothingToFactorize(_nothing_message(plan))
-    replaced: dict[nn.Parameter, tuple[nn.Parameter, ...]] = {}
+    replaced: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}
     for choice in plan.factorized:
         assert choice.rank is not None
         parent, attribute = _parent(model, choice.name)
@@ -197,8 +203,17 @@ def _choice(name: str, layer: nn.Module, ratio: float, why_full: str) -> LayerCh
     if isinstance(layer, nn.MultiheadAttention):
         count = sum(p.numel() for p in layer.parameters())
         size = next((p.element_size() for p in layer.parameters()), 4)
-        return LayerChoice(name, "MultiheadAttention", (layer.embed_dim, layer.embed_dim), False,
-                           size, 0, None, why_full, own_params=count)  # fmt: skip
+        return LayerChoice(
+            name,
+            "MultiheadAttention",
+            (layer.embed_dim, layer.embed_dim),
+            False,
+            size,
+            0,
+            None,
+            why_full,
+            own_params=count,
+        )
     assert isinstance(layer, nn.Linear | nn.Conv2d)
     weight = layer.weight
     kind = "Linear" if isinstance(layer, nn.Linear) else "Conv2d"
@@ -206,9 +221,16 @@ def _choice(name: str, layer: nn.Module, ratio: float, why_full: str) -> LayerCh
     rank = None if why_full else rank_for(full, ratio)
     own = sum(p.numel() for p in layer.parameters())
     return LayerChoice(
-        name, kind, tuple(weight.shape), layer.bias is not None, weight.element_size(), full,
-        rank, why_full, own_params=own,
-    )  # fmt: skip
+        name,
+        kind,
+        tuple(weight.shape),
+        layer.bias is not None,
+        weight.element_size(),
+        full,
+        rank,
+        why_full,
+        own_params=own,
+    )
 
 
 def _kept_by_user(names: list[str], keep_full: Iterable[str]) -> dict[str, str]:
@@ -271,4 +293,3 @@ def _keep_off_fast_path(layer: nn.TransformerEncoderLayer) -> None:
 def compression(plan: FactorizationPlan) -> float:
     """Parameters before over after (above 1: the factorised model is smaller)."""
     return plan.params_before / plan.params_after if plan.params_after else math.inf
-

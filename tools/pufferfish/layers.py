@@ -46,9 +46,7 @@ class FactorizedLinear(nn.Module):
     """``u(v(x))``: `v` is Linear(in_features -> rank, no bias) holding V^T, `u` is
     Linear(rank -> out_features) holding U and the bias."""
 
-    def __init__(
-        self, in_features: int, out_features: int, rank: int, bias: bool = True
-    ) -> None:
+    def __init__(self, in_features: int, out_features: int, rank: int, bias: bool = True) -> None:
         super().__init__()
         if not 1 <= rank <= min(in_features, out_features):
             raise ValueError(f"rank {rank} is outside 1..{min(in_features, out_features)}")
@@ -90,11 +88,17 @@ class FactorizedConv2d(nn.Module):
         if not 1 <= rank <= full_rank:
             raise ValueError(f"rank {rank} is outside 1..{full_rank}")
         self.in_channels, self.out_channels, self.rank = full.in_channels, full.out_channels, rank
+        padding = full.padding if isinstance(full.padding, str) else _pair(full.padding)
         self.v = nn.Conv2d(
-            full.in_channels, rank, full.kernel_size, stride=full.stride,
-            padding=full.padding, dilation=full.dilation, bias=False,
+            full.in_channels,
+            rank,
+            _pair(full.kernel_size),
+            stride=_pair(full.stride),
+            padding=padding,
+            dilation=_pair(full.dilation),
+            bias=False,
             padding_mode=full.padding_mode,
-        )  # fmt: skip
+        )
         self.u = nn.Conv2d(rank, full.out_channels, 1, bias=full.bias is not None)
 
     @classmethod
@@ -114,8 +118,15 @@ class FactorizedConv2d(nn.Module):
         return self.u(self.v(x))
 
     def extra_repr(self) -> str:
-        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.v.kernel_size}, " \
-            f"rank={self.rank}"  # fmt: skip
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.v.kernel_size}, "
+            f"rank={self.rank}"
+        )
+
+
+def _pair(values: tuple[int, ...]) -> tuple[int, int]:
+    first, second = values
+    return first, second
 
 
 def full_rank(layer: nn.Linear | nn.Conv2d) -> int:

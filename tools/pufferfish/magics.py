@@ -49,15 +49,29 @@ def pufferfish_parser() -> MagicParser:
         "low-rank factorised pairs, now or after full-rank warm-up epochs (Pufferfish).",
     )
     parser.add_argument("model", metavar="MODEL", help="a notebook variable: a torch module")
-    parser.add_argument("--rank-ratio", type=float, required=True, metavar="R",
-                        help="rank = ceil(R x full rank), 0 < R <= 1 (Pufferfish: 0.25)")  # fmt: skip
-    parser.add_argument("--keep-full", default=DEFAULT_KEEP_FULL, metavar="SPEC",
-                        help="first, last, first:K, module names or none, comma-separated "
-                        "(default first,last)")  # fmt: skip
-    parser.add_argument("--warmup-epochs", type=count_in(0, 1_000_000), default=0, metavar="E",
-                        help="full-rank epochs before the switch (default 0: now)")  # fmt: skip
-    parser.add_argument("--optimizer", metavar="OPT",
-                        help="a notebook optimizer to move onto the factors")  # fmt: skip
+    parser.add_argument(
+        "--rank-ratio",
+        type=float,
+        required=True,
+        metavar="R",
+        help="rank = ceil(R x full rank), 0 < R <= 1 (Pufferfish: 0.25)",
+    )
+    parser.add_argument(
+        "--keep-full",
+        default=DEFAULT_KEEP_FULL,
+        metavar="SPEC",
+        help="first, last, first:K, module names or none, comma-separated (default first,last)",
+    )
+    parser.add_argument(
+        "--warmup-epochs",
+        type=count_in(0, 1_000_000),
+        default=0,
+        metavar="E",
+        help="full-rank epochs before the switch (default 0: now)",
+    )
+    parser.add_argument(
+        "--optimizer", metavar="OPT", help="a notebook optimizer to move onto the factors"
+    )
     parser.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
     return parser
 
@@ -106,13 +120,15 @@ class PufferfishMagics(Magics):
             return plan_view(plan, f"%pufferfish {args.model}: the plan (nothing changed)")
         if args.warmup_epochs:
             handle = Warmup(model, args.rank_ratio, args.warmup_epochs, keep_full, optimizer)
-            title = (f"%pufferfish {args.model}: full rank for {args.warmup_epochs} epochs, "
-                     "then factorised at the end of the last one")  # fmt: skip
+            title = (
+                f"%pufferfish {args.model}: full rank for {args.warmup_epochs} epochs, "
+                "then factorised at the end of the last one"
+            )
             print(repr(plan_view(handle.plan, title)))
             print("call .epoch_end() after each epoch")
             return handle
         done = factorize(model, args.rank_ratio, keep_full)
-        if done.model is not model:
+        if done.model is not model and self.shell is not None:
             self.shell.user_ns[args.model] = done.model
         if optimizer is not None:
             move_optimizer(optimizer, done.replaced)

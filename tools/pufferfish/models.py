@@ -45,8 +45,11 @@ class ResNet18(nn.Module):
         stages, width = [], 64
         for index, channels in enumerate((64, 128, 256, 512)):
             stride = 1 if index == 0 else 2
-            stages.append(nn.Sequential(BasicBlock(width, channels, stride),
-                                        BasicBlock(channels, channels, 1)))  # fmt: skip
+            stages.append(
+                nn.Sequential(
+                    BasicBlock(width, channels, stride), BasicBlock(channels, channels, 1)
+                )
+            )
             width = channels
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.fc = nn.Linear(512, num_classes)

@@ -16,8 +16,9 @@ def plan_view(plan: FactorizationPlan, title: str) -> View:
     """The table of `plan` under `title`, with totals and the all-reduce bytes per DDP step."""
     rows = tuple(_row(layer) for layer in plan.layers)
     if plan.other_params:
-        rows += (("(other parameters)", "", "", "", f"{plan.other_params:,}",
-                  f"{plan.other_params:,}"),)  # fmt: skip
+        rows += (
+            ("(other parameters)", "", "", "", f"{plan.other_params:,}", f"{plan.other_params:,}"),
+        )
     rows += (("total", "", "", "", f"{plan.params_before:,}", f"{plan.params_after:,}"),)
     return View(Section(title, summary(plan), HEADER, rows))
 
@@ -36,8 +37,14 @@ def summary(plan: FactorizationPlan) -> str:
 def _row(layer: LayerChoice) -> tuple[str, ...]:
     shape = " x ".join(str(size) for size in layer.shape)
     rank = f"{layer.rank} of {layer.full_rank}" if layer.rank is not None else layer.why_full
-    return (layer.name or "(the model)", layer.kind, shape, rank, f"{layer.params_before:,}",
-            f"{layer.params_after:,}")  # fmt: skip
+    return (
+        layer.name or "(the model)",
+        layer.kind,
+        shape,
+        rank,
+        f"{layer.params_before:,}",
+        f"{layer.params_after:,}",
+    )
 
 
 def _megabytes(count: int) -> str:

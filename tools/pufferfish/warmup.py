@@ -26,7 +26,7 @@ from kernelfleet.tools.pufferfish.factorize import (
 
 
 def move_optimizer(
-    optimizer: torch.optim.Optimizer, replaced: dict[nn.Parameter, tuple[nn.Parameter, ...]]
+    optimizer: torch.optim.Optimizer, replaced: dict[torch.Tensor, tuple[torch.Tensor, ...]]
 ) -> None:
     """Point `optimizer` at the factorised model, in place (so an LR scheduler holding it goes
     on working): in each parameter group, a replaced weight gives way to its factors, in the
@@ -36,7 +36,7 @@ def move_optimizer(
     say nothing about those of U and V: the factors start with empty state, as a freshly built
     optimizer would give them."""
     for group in optimizer.param_groups:
-        params: list[nn.Parameter] = []
+        params: list[torch.Tensor] = []
         for param in group["params"]:
             params.extend(replaced.get(param, (param,)))
         group["params"] = params
@@ -50,10 +50,13 @@ class Warmup:
     is refused before any training."""
 
     def __init__(
-        self, model: nn.Module, ratio: float, epochs: int,
+        self,
+        model: nn.Module,
+        ratio: float,
+        epochs: int,
         keep_full: Sequence[str] = DEFAULT_KEEP_FULL,
         optimizer: torch.optim.Optimizer | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if epochs < 1:
             raise ValueError(f"warm-up epochs must be 1 or more, got {epochs}")
         self.plan: FactorizationPlan = plan_factorization(model, ratio, keep_full)
