@@ -196,6 +196,9 @@ def factorize(
             setattr(parent, attribute, pair)
             if isinstance(parent, nn.TransformerEncoderLayer):
                 _keep_off_fast_path(parent)
+    for module in model.modules():
+        if isinstance(module, nn.TransformerEncoder) and _fast_path_off in _pre_hooks(module):
+            module.use_nested_tensor = False
     return Factorization(plan, model, replaced)
 
 
@@ -281,13 +284,20 @@ def _nothing_message(plan: FactorizationPlan) -> str:
 def _fast_path_off(module: nn.Module, args: tuple[object, ...]) -> None:
     """A forward pre-hook that does nothing: its presence turns off the fused fast path of
     ``nn.TransformerEncoderLayer`` (taken in eval mode without gradients), which reads
-    ``linear1.weight`` and ``linear2.weight`` directly, so the factorised FFN runs instead."""
+    ``linear1.weight`` and ``linear2.weight`` directly, so the factorised FFN runs instead.
+    (An ``nn.TransformerEncoder`` holding such a layer reads them too, to decide on nested
+    tensors; `factorize` turns its ``use_nested_tensor`` off.)"""
     return None
 
 
 def _keep_off_fast_path(layer: nn.TransformerEncoderLayer) -> None:
-    if _fast_path_off not in layer._forward_pre_hooks.values():
+    if _fast_path_off not in _pre_hooks(layer):
         layer.register_forward_pre_hook(_fast_path_off)
+
+
+def _pre_hooks(module: nn.Module) -> list[object]:
+    """The forward pre-hooks of `module` and of every module under it."""
+    return [hook for m in module.modules() for hook in m._forward_pre_hooks.values()]
 
 
 def compression(plan: FactorizationPlan) -> float:

@@ -81,6 +81,26 @@ def test_transformer_ffn_is_factorised_and_attention_kept_full() -> None:
     assert trainable_params(model) == done.plan.params_after
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+def test_transformer_encoder_with_nested_tensors_and_a_padding_mask() -> None:
+    model = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, batch_first=True), 2
+    ).eval()
+    x = torch.randn(3, 7, 32)
+    padding = torch.zeros(3, 7, dtype=torch.bool)
+    padding[0, 5:] = True
+    with torch.no_grad():  # the encoder's nested-tensor path, then each layer's fused one
+        expected = model(x, src_key_padding_mask=padding)
+    factorize(model, 1.0, keep_full=["none"])
+    assert not model.use_nested_tensor
+    with torch.no_grad():
+        got = model(x, src_key_padding_mask=padding)
+    torch.testing.assert_close(got[1:], expected[1:])
+    # the nested path leaves padded positions at 0; the Python path computes them: compare
+    # the positions the mask keeps
+    torch.testing.assert_close(got[0, :5], expected[0, :5])
+
+
 def test_keep_full_rules() -> None:
     model = resnet18()
     hybrid = plan_factorization(model, 0.25, ["first:5", "last"])
