@@ -45,7 +45,7 @@ from kernelfleet.tools.pufferfish.layers import (
 )
 
 DEFAULT_KEEP_FULL = ("first", "last")
-ATTENTION_KEPT = "attention: its forward reads in_proj_weight directly"
+ATTENTION_KEPT = "attention, kept full: reads in_proj_weight itself"
 
 
 @dataclass(frozen=True)
