@@ -60,6 +60,10 @@ class CachedDataset(ABC):
         self._admit(index, pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
         return item
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy in another process (a loader worker) counts its own accesses from zero."""
+        self.__dict__.update(state, _hits=0, _misses=0)
+
     @property
     def counts(self) -> CacheCounts:
         return CacheCounts(self._hits, self._misses)

@@ -14,7 +14,8 @@ shared), so concurrent fillers are safe; the lock is re-opened in a forked child
 parent's. Creation also happens under the lock, so an attacher never sees a half-written header.
 
 Lifetime: a store outlives every process that opened it (no resource tracker unlinks it at
-exit); `drop` (``%dataload cache --drop NAME``) removes the segment and its lock file. The
+exit); `drop` (``%dataload cache --drop NAME``) removes the segment and its lock file (which an
+`open` refused for its size also leaves behind). The
 process that decides the data is no longer needed calls it; tests drop what they create.
 """
 
@@ -114,6 +115,8 @@ class SharedItemStore:
     @classmethod
     def attach(cls, name: str) -> SharedItemStore:
         """The existing store `name`; raises `InvalidRequest` when there is none."""
+        if not _segment_path(name).exists():
+            raise InvalidRequest(f"there is no cache named {name!r} on this host")
         with _Lock(name, exclusive=False):
             return cls._attach_unlocked(name)
 
@@ -207,9 +210,8 @@ def drop(name: str) -> bool:
         except FileNotFoundError:
             found = False
         else:
-            _untrack(segment)
             segment.close()
-            segment.unlink()
+            segment.unlink()  # also forgets it in the resource tracker, which just noted it
             found = True
     _lock_path(name).unlink(missing_ok=True)
     return found
