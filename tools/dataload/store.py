@@ -14,8 +14,7 @@ shared), so concurrent fillers are safe; the lock is re-opened in a forked child
 parent's. Creation also happens under the lock, so an attacher never sees a half-written header.
 
 Lifetime: a store outlives every process that opened it (no resource tracker unlinks it at
-exit); `drop` (``%dataload cache --drop NAME``) removes the segment and its lock file (which an
-`open` refused for its size also leaves behind). The
+exit); `drop` (``%dataload cache --drop NAME``) removes the segment and its lock file. The
 process that decides the data is no longer needed calls it; tests drop what they create.
 """
 
@@ -88,6 +87,8 @@ class SharedItemStore:
                 f"a cache of {format_size(size)} cannot even hold the index of {items} items "
                 f"({format_size(overhead_bytes(items))})"
             )
+        if not _segment_path(name).exists():
+            _refuse_beyond_free_memory(size)  # before the lock file is made, to leave nothing
         with _Lock(name, exclusive=True):
             if _segment_path(name).exists():
                 store = cls._attach_unlocked(name)
@@ -99,12 +100,7 @@ class SharedItemStore:
                         "give another name, or drop it first"
                     )
                 return store
-            free = free_shared_memory()
-            if size > free:
-                raise CacheTooLarge(
-                    f"a cache of {format_size(size)} is larger than the free shared memory "
-                    f"in {SHM_DIR}: {format_size(free)}"
-                )
+            _refuse_beyond_free_memory(size)
             segment = SharedMemory(name=name, create=True, size=size)
             _untrack(segment)
             store = cls(segment, name)
@@ -215,6 +211,15 @@ def drop(name: str) -> bool:
             found = True
     _lock_path(name).unlink(missing_ok=True)
     return found
+
+
+def _refuse_beyond_free_memory(size: int) -> None:
+    free = free_shared_memory()
+    if size > free:
+        raise CacheTooLarge(
+            f"a cache of {format_size(size)} is larger than the free shared memory "
+            f"in {SHM_DIR}: {format_size(free)}"
+        )
 
 
 def _segment_path(name: str) -> Path:
