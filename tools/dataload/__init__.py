@@ -4,7 +4,7 @@
   fully cached, cold) giving prep and fetch stalls; `whatif` predicts epoch times for other
   CPU counts and cache sizes from those measurements;
 - `store` and `cache`: the MinIO cache (fill once, never evict) of a map-style ``Dataset`` in a
-  named shared-memory segment, shared by every kernel and job on a host; `lru`: an LRU cache of
+  named shared-memory segment, shared by a user's kernels and jobs on a host; `lru`: an LRU cache of
   the same interface, for comparison; `sizes`: "8GB", "512MiB", "1e9";
 - `coordinate`: coordinated preparation, one producer for k consumers;
 - `magics`: ``%dataload analyze``, ``%dataload cache``, ``%dataload coordinate``.

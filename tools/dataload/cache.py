@@ -13,8 +13,9 @@ hits as the cache holds items; LRU evicts items just before they are needed and 
 (none at all under a sequential order, for any cache smaller than the dataset).
 
 `MinioCache` keeps its items in a `store.SharedItemStore`, a shared-memory segment named from
-the cache's name (or the dataset's identity): every kernel, job and ``DataLoader`` worker on
-the host that opens the same name shares one copy. Counts are per process.
+the cache's name (or the dataset's identity): every kernel, job and ``DataLoader`` worker of
+one user on the host that opens the same name shares one copy (`store` says why not across
+users). Counts are per process.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@
                         DS-Analyzer's differential measurement of the notebook's DataLoader
                         feeding MODEL, and the predicted epoch time for other CPUs and caches
     %dataload cache DATASET --size 8GB [--name NAME]
-                        DATASET wrapped in a MinIO cache in shared memory, shared by every
-                        kernel and job on the host that names the same cache
+                        DATASET wrapped in a MinIO cache in shared memory, shared by the
+                        user's kernels and jobs on the host that name the same cache
     %dataload cache --drop NAME
                         remove the cache NAME from the host
     %dataload coordinate LOADER --group NAME --consumers K

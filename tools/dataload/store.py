@@ -13,6 +13,13 @@ shared), so concurrent fillers are safe; the lock is re-opened in a forked child
 ``DataLoader`` worker), since ``flock`` locks belong to an open file and a child shares its
 parent's. Creation also happens under the lock, so an attacher never sees a half-written header.
 
+Who may open it: the user who made it (the segment and the lock file are mode 0600), so a
+store is shared by the processes of one user: a kernel's replicas and loader workers, and the
+kernels and jobs of a host whose agent runs them all as its own user. Where each kernel runs as
+a user of its own (docs/security.md), kernels do not share stores: items are unpickled when
+read, and a store another user could write would let that user's notebook run code in this one.
+Opening another user's store raises `InvalidRequest`, saying so.
+
 Lifetime: a store outlives every process that opened it (no resource tracker unlinks it at
 exit); `drop` (``%dataload cache --drop NAME``) removes the segment and its lock file. The
 process that decides the data is no longer needed calls it; tests drop what they create.
@@ -122,6 +129,8 @@ class SharedItemStore:
             segment = SharedMemory(name=name)
         except FileNotFoundError:
             raise InvalidRequest(f"there is no cache named {name!r} on this host") from None
+        except PermissionError:
+            raise _another_users(name) from None
         _untrack(segment)
         store = cls(segment, name)
         if segment.size < HEADER_BYTES or bytes(store._buf[: len(MAGIC)]) != MAGIC:
@@ -231,7 +240,17 @@ def _lock_path(name: str) -> Path:
 
 
 def _open_lock_file(name: str) -> int:
-    return os.open(_lock_path(name), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        return os.open(_lock_path(name), os.O_RDWR | os.O_CREAT, 0o600)
+    except PermissionError:
+        raise _another_users(name) from None
+
+
+def _another_users(name: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"the cache {name!r} belongs to another user of this host: a cache is shared by the "
+        "processes of one user only (docs/dataload.md), give another name"
+    )
 
 
 def _untrack(segment: SharedMemory) -> None:

@@ -4,14 +4,17 @@ below for every cache smaller than the dataset; the shared store across processe
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import random
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+import kernelfleet
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.tools.dataload.cache import (
     CachedDataset,
@@ -28,6 +31,7 @@ from kernelfleet.tools.dataload.store import (
     overhead_bytes,
 )
 
+REPO_ROOT = Path(kernelfleet.__file__).resolve().parent.parent
 ITEMS = 200
 DATASET = [bytes([index % 256]) * 500 + index.to_bytes(4, "little") for index in range(ITEMS)]
 ITEM_BYTES = len(pickle.dumps(DATASET[0], protocol=pickle.HIGHEST_PROTOCOL))
@@ -191,3 +195,34 @@ def test_an_unnamed_cache_is_named_by_the_datasets_identity() -> None:
     assert dataset_identity(DATASET) == dataset_identity(list(DATASET))
     assert dataset_identity(DATASET) != dataset_identity(DATASET[:10])
     assert dataset_identity(DATASET).startswith("list-")
+
+
+ANOTHER_USER = """
+from kernelfleet.errors import InvalidRequest
+from kernelfleet.tools.dataload.cache import MinioCache
+try:
+    MinioCache(list(range({items})), {size}, name={name!r})
+except InvalidRequest as error:
+    print(error.message)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starts a process as another user")
+def test_another_user_cannot_open_the_cache(cache_name: str) -> None:
+    cache = MinioCache(DATASET, minio_size(5), name=cache_name)
+    try:
+        uid = 2**24 + 4242  # a kernel's kind of uid (docs/security.md), not a system account
+        script = ANOTHER_USER.format(items=ITEMS, size=minio_size(5), name=cache_name)
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(script)],
+            user=uid,
+            group=uid,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert f"the cache {segment_name(cache_name)!r} belongs to another user" in done.stdout
+    finally:
+        cache.close()
