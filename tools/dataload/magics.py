@@ -153,7 +153,13 @@ class DataloadMagics(Magics):
 
     def _coordinate(self, args: argparse.Namespace) -> Any:
         # imported by name: coordinate.py is another change's, and may land after this one
-        coordinate = importlib.import_module("kernelfleet.tools.dataload.coordinate").coordinate
+        module = "kernelfleet.tools.dataload.coordinate"
+        try:
+            coordinate = importlib.import_module(module).coordinate
+        except ModuleNotFoundError as error:
+            if error.name != module:
+                raise
+            raise UsageError("coordinated preparation is not in this kernelfleet") from None
         return coordinate(self._variable(args.loader), args.group, consumers=args.consumers)
 
     def _variable(self, name: str) -> Any:
