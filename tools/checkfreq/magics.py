@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import html
 import os
-import shlex
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
+from kernelfleet.kernels.magics.parsing import MagicParser, parse
 from kernelfleet.protocol import ReplicaEnv
 
 SUBFOLDER = "checkfreq"
@@ -52,22 +52,6 @@ def default_directory(env: dict[str, str] | None = None) -> tuple[Path, str]:
     )
 
 
-class _Parser(argparse.ArgumentParser):
-    """Errors raise ``UsageError`` (one line, then the usage); ``--help`` prints and returns."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message}\n{self.format_usage().rstrip()}")
-
-    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
-        if status == 0:
-            raise _HelpShown
-        raise UsageError((message or "").strip() or self.format_usage().rstrip())
-
-
-class _HelpShown(Exception):
-    pass
-
-
 def percent(text: str) -> float:
     """An argparse ``type``: a percentage above 0 and below 100, as a fraction."""
     try:
@@ -79,8 +63,8 @@ def percent(text: str) -> float:
     return value / 100
 
 
-def checkfreq_parser() -> _Parser:
-    parser = _Parser(
+def checkfreq_parser() -> MagicParser:
+    parser = MagicParser(
         prog="%checkfreq",
         description="Checkpoints of the training loop at iteration granularity, as often as "
         "an overhead bound allows (CheckFreq); resume after a lost replica.",
@@ -117,10 +101,10 @@ class CheckFreqMagics(Magics):
     def __init__(self, shell: Any = None) -> None:
         super().__init__(shell)
         self.checkfreq: Any = None
-        self._parser: _Parser | None = None
+        self._parser: MagicParser | None = None
 
     @property
-    def parser(self) -> _Parser:
+    def parser(self) -> MagicParser:
         if self._parser is None:
             self._parser = checkfreq_parser()
         return self._parser
@@ -128,12 +112,9 @@ class CheckFreqMagics(Magics):
     @line_magic("checkfreq")
     def checkfreq_magic(self, line: str) -> Any:
         """Iteration-level checkpoints of the training loop (``%checkfreq --help``)."""
-        try:
-            args = self.parser.parse_args(shlex.split(line, comments=True))
-        except _HelpShown:
+        args = parse(self.parser, line)
+        if args is None:
             return None
-        except ValueError as e:  # unbalanced quotes
-            raise UsageError(f"{e}\n{self.parser.format_usage().rstrip()}") from None
         from kernelfleet.tools.checkfreq import CheckpointError
 
         try:

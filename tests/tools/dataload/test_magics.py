@@ -1,0 +1,172 @@
+"""``%dataload`` in an in-process IPython shell: analyze a notebook's loader and model, cache a
+dataset in shared memory and drop it, refuse bad input with ``UsageError``. (In a live kernel
+of a fleet: the slow test at the end.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
+
+from kernelfleet.kernels.magics import registry
+from kernelfleet.tools.dataload.cache import MinioCache, drop_cache
+from kernelfleet.tools.dataload.magics import Report, dataload_parser, load
+
+NOTEBOOK = """
+import torch
+from kernelfleet.tools.dataload.synthetic import SyntheticDataset
+ds = SyntheticDataset(24, item_bytes=32, fetch_s=0.001, decode_s=0.001)
+loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)
+model = torch.nn.Sequential(torch.nn.Linear(32, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+"""
+
+
+@pytest.fixture
+def shell() -> InteractiveShell:
+    pytest.importorskip("torch")
+    config = Config()
+    config.HistoryManager.enabled = False
+    shell = InteractiveShell(config=config)
+    load(shell)
+    assert shell.run_cell(NOTEBOOK).success
+    return shell
+
+
+def test_analyze_a_notebooks_loader_and_model(shell: InteractiveShell) -> None:
+    report = shell.run_line_magic(
+        "dataload", "analyze loader model --batches 3 --as-found --cpus 1,3"
+    )
+    assert isinstance(report, Report)
+    assert report.analysis.batches == 3
+    text = repr(report)
+    assert "as found (not asked to drop it)" in text
+    assert "what-if: predicted epoch seconds" in text
+    rows = [line.split()[0] for line in text.splitlines()[-2:]]
+    assert rows == ["1", "3"]
+    assert "cache 100%" in text
+    assert report._repr_html_().startswith("<pre>")
+
+
+def test_cache_a_dataset_then_drop_it(shell: InteractiveShell, cache_name: str) -> None:
+    shell.run_line_magic("dataload", f"cache ds --size 4KiB --name {cache_name}")
+    cached = shell.run_line_magic("dataload", f"cache ds --size 4KiB --name {cache_name}")
+    assert isinstance(cached, MinioCache)
+    assert cached.name == cache_name
+    for _ in range(2):
+        for index in range(len(cached)):
+            cached[index]
+    capacity = cached.cached_items
+    assert 0 < capacity < 24  # 4 KiB less the index holds some of the 24 items
+    assert cached.reset_counts().hits == capacity
+    assert f"{capacity} of 24 items" in repr(cached)
+    cached.close()
+    assert shell.run_line_magic("dataload", f"cache --drop {cache_name}") is None
+    with pytest.raises(UsageError, match="no cache named"):
+        shell.run_line_magic("dataload", f"cache --drop {cache_name}")
+    assert not Path(f"/dev/shm/kernelfleet-minio-{cache_name}").exists()
+
+
+def test_an_unnamed_cache_takes_the_datasets_identity(shell: InteractiveShell) -> None:
+    cached = shell.run_line_magic("dataload", "cache ds --size 1MB")
+    try:
+        assert cached.name.startswith("syntheticdataset-")
+    finally:
+        cached.close()
+        assert drop_cache(cached.name)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("cache ds --size 100TB", "larger than the free shared memory in /dev/shm"),
+        ("cache ds --size 8XB", "is not a size"),
+        ("cache ds", "give the notebook's DATASET and --size"),
+        ("cache ds --size 1MB --drop x", "give --drop NAME alone"),
+        ("cache nothing --size 1MB", "nothing is not defined"),
+        ("cache loader --size 1MB", "not a map-style dataset"),
+        ("analyze loader", "the following arguments are required: model"),
+        ("analyze loader model --batches 1", "expected a whole number from 2"),
+        ("analyze loader model --cpus 0", "expected a whole number from 1"),
+        ("analyze ds model --as-found", "batching torch DataLoader"),
+        ("coordinate loader --group g", "the following arguments are required: --consumers"),
+        ("frobnicate", "invalid choice"),
+        ("cache ds --size '1MB", "No closing quotation"),
+    ],
+)
+def test_bad_input_is_a_usage_error(shell: InteractiveShell, line: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        shell.run_line_magic("dataload", line)
+
+
+def test_the_refusal_gives_both_sizes(shell: InteractiveShell) -> None:
+    with pytest.raises(UsageError) as refused:
+        shell.run_line_magic("dataload", "cache ds --size 100TB")
+    assert "a cache of 100.00 TB (100000000000000 bytes)" in str(refused.value)
+    assert str(refused.value).endswith("bytes)")
+
+
+def test_coordinate_parses_into_the_agreed_call() -> None:
+    args = dataload_parser().parse_args(
+        ["coordinate", "loader", "--group", "hp", "--consumers", "4"]
+    )
+    assert (args.command, args.loader, args.group, args.consumers) == (
+        "coordinate",
+        "loader",
+        "hp",
+        4,
+    )
+
+
+def test_help(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    assert shell.run_line_magic("dataload", "cache --help") is None
+    assert "usage: %dataload cache" in capsys.readouterr().out
+
+
+def test_registered_as_kernelfleets_own_magic() -> None:
+    assert registry.OWN["dataload"] == "kernelfleet.tools.dataload.magics:load"
+
+
+# ---- live: a kernel of a real fleet ------------------------------------------------------------
+
+
+def result_text(reply: Any) -> str:
+    results = reply.of_type("execute_result")
+    assert results, f"no result: {reply.reply}"
+    return results[-1]["content"]["data"]["text/plain"]
+
+
+@pytest.mark.slow
+async def test_dataload_magic_in_a_fleet_kernel(fleet: Any, cache_name: str) -> None:
+    kernel_id = fleet.start_kernel()
+    client = await fleet.connect(kernel_id)
+    try:
+        setup = await client.execute(NOTEBOOK)
+        assert setup.reply["status"] == "ok", setup.reply
+        analyzed = await client.execute("%dataload analyze loader model --batches 3 --as-found")
+        assert "fetch stall" in result_text(analyzed)
+        cached = await client.execute(
+            f"cached = %dataload cache ds --size 1MB --name {cache_name}\n"
+            "for epoch in range(2):\n"
+            "    _ = [cached[i] for i in range(len(cached))]\n"
+            "cached.reset_counts().hits"
+        )
+        assert result_text(cached) == "24"  # the second epoch: all hits
+        shown = await client.execute("cached")
+        assert "24 of 24 items" in result_text(shown)
+        # the host's other processes (this test's) see the kernel's items
+        here = MinioCache(list(range(24)), 10**6, name=cache_name)
+        assert here.cached_items == 24
+        here.close()
+        bad = await client.execute("%dataload cache ds --size 100TB")
+        assert bad.reply["ename"] == "UsageError"
+        assert "larger than the free shared memory" in bad.reply["evalue"]
+        dropped = await client.execute(f"cached.close()\n%dataload cache --drop {cache_name}")
+        assert dropped.reply["status"] == "ok", dropped.reply
+        assert not drop_cache(cache_name)  # gone already
+    finally:
+        client.close()
+        fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
