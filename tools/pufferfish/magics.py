@@ -128,12 +128,14 @@ class PufferfishMagics(Magics):
             print("call .epoch_end() after each epoch")
             return handle
         done = factorize(model, args.rank_ratio, keep_full)
+        how = "factorised in place"
         if done.model is not model and self.shell is not None:
             self.shell.user_ns[args.model] = done.model
+            how = "rebound to the factorised layer"
         if optimizer is not None:
             move_optimizer(optimizer, done.replaced)
-        moved = f"; {args.optimizer} moved onto the factors" if optimizer is not None else ""
-        return plan_view(done.plan, f"%pufferfish {args.model}: factorised in place{moved}")
+            how += f"; {args.optimizer} moved onto the factors"
+        return plan_view(done.plan, f"%pufferfish {args.model}: {how}")
 
     def _variable(self, name: str, kind: type, what: str) -> Any:
         namespace = self.shell.user_ns if self.shell is not None else {}

@@ -93,7 +93,8 @@ def test_dry_run_changes_nothing_and_a_lone_layer_is_rebound(shell: InteractiveS
     assert "the plan (nothing changed)" in text
     assert isinstance(shell.user_ns["model"][2], torch.nn.Conv2d)
     shell.user_ns["head"] = torch.nn.Linear(20, 30)
-    shell.run_line_magic("pufferfish", "head --rank-ratio 0.5 --keep-full none")
+    view = shell.run_line_magic("pufferfish", "head --rank-ratio 0.5 --keep-full none")
+    assert "%pufferfish head: rebound to the factorised layer" in repr(view)
     assert isinstance(shell.user_ns["head"], FactorizedLinear)
     assert shell.user_ns["head"].rank == 10
 
