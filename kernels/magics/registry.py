@@ -34,6 +34,7 @@ OWN: dict[str, str] = {
     "checkfreq": "kernelfleet.tools.checkfreq.magics:load",
     "energy": "kernelfleet.tools.energy.magics:load",
     "dataload": "kernelfleet.tools.dataload.magics:load",
+    "pufferfish": "kernelfleet.tools.pufferfish.magics:load",
 }
 """kernelfleet's own entry points of `MAGICS_GROUP`, as pyproject.toml declares them."""
 
