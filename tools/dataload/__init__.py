@@ -1,0 +1,1 @@
+"""Data loading for a notebook (CoorDL, DS-Analyzer): coordinated preparation and more."""
