@@ -46,12 +46,14 @@ from typing import Any
 import cloudpickle
 from torch.utils.data import DataLoader, IterableDataset
 
+import kernelfleet
 from kernelfleet.tools.dataload import coordinate_server as server
 from kernelfleet.tools.dataload.coordinate_batches import read_batch
 from kernelfleet.tools.dataload.coordinate_wire import Channel, ConnectionClosed, Message
 
 GROUP_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 MAX_GROUP_LENGTH = 64
+JOIN_GRACE_S = 5.0
 
 
 class CoordinationError(RuntimeError):
@@ -107,7 +109,7 @@ def _check(loader: Any, group: str, consumers: int, timeout: float) -> None:
 
 def _child_environment() -> dict[str, str]:
     """Our environment, with this kernelfleet first on the path so the children import it."""
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(kernelfleet.__file__).parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
@@ -181,10 +183,13 @@ def coordinate(
     _check(loader, group, consumers, timeout)
     channel = Channel(_rendezvous(loader, group, consumers, timeout))
     channel.send(("join", loader_signature(loader), os.getpid()), timeout)
+    # The coordinator's own deadline comes first and its verdict follows its clean-up; ours is
+    # the fallback for a coordinator that hangs.
+    deadline = time.monotonic() + timeout + JOIN_GRACE_S
     joined = 0
     while True:
         try:
-            message = channel.receive(timeout)
+            message = channel.receive(max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             channel.close()
             raise CoordinationError(f"only {joined} of {consumers} consumers joined group {group} "
