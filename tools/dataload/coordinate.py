@@ -125,12 +125,25 @@ def _connect(group: str) -> socket.socket | None:
     return sock
 
 
-def _start_coordinator(loader: DataLoader[Any], group: str, consumers: int, timeout: float) -> None:
-    """Starts the group's coordinator; returns once it (or a rival) listens."""
+def _pickle(loader: DataLoader[Any]) -> bytes:
+    """The loader for the producer: cloudpickle sends what a notebook (``__main__``) defined by
+    value; so here is what the main script of a spawned process (``__mp_main__``) defined, which
+    the producer could not import by that name."""
+    spawned_main = sys.modules.get("__mp_main__")
+    if spawned_main is not None:
+        cloudpickle.register_pickle_by_value(spawned_main)
     try:
-        payload = cloudpickle.dumps(loader)
+        return cloudpickle.dumps(loader)
     except Exception as error:
         raise TypeError(f"this loader cannot be sent to the producer: {error}") from error
+    finally:
+        if spawned_main is not None:
+            cloudpickle.unregister_pickle_by_value(spawned_main)
+
+
+def _start_coordinator(loader: DataLoader[Any], group: str, consumers: int, timeout: float) -> None:
+    """Starts the group's coordinator; returns once it (or a rival) listens."""
+    payload = _pickle(loader)
     command = [sys.executable, "-m", "kernelfleet.tools.dataload.coordinate_server", group,
                str(consumers), repr(timeout)]  # fmt: skip
     process = subprocess.Popen(
