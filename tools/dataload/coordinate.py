@@ -260,9 +260,7 @@ class CoordinatedLoader:
     def __iter__(self) -> Iterator[Any]:
         if self._failure is not None:
             raise self._failure
-        epoch = self._next_epoch
-        self._next_epoch += 1
-        return self._epoch(epoch)
+        return self._epoch()
 
     def close(self) -> None:
         """Leaves the group; the others go on without this consumer."""
@@ -274,7 +272,10 @@ class CoordinatedLoader:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _epoch(self, epoch: int) -> Iterator[Any]:
+    def _epoch(self) -> Iterator[Any]:
+        """One epoch, numbered when its first batch is asked for (an unused iterator is none)."""
+        epoch = self._next_epoch
+        self._next_epoch += 1
         finished = False
         try:
             self._send(("epoch", epoch))
@@ -338,6 +339,8 @@ class CoordinatedLoader:
                 self._fail(message[1])
             if (kind == "batch" and message[2] == epoch) or (kind == "end" and message[1] == epoch):
                 return message
+            if kind == "batch":  # of an epoch this consumer abandoned: let it go
+                self._send(("took", message[1]))
 
     def _fail(self, text: str) -> Any:
         """Records the group's end, removes its shared memory if still there, and raises."""

@@ -127,7 +127,7 @@ class Coordinator:
         except BrokenPipeError:
             pass  # it died at start: its socket closes and `on_producer_gone` says how
         for slot in range(SLOTS):
-            self.control.sendall(encode(("free", slot)))
+            self.to_producer(("free", slot))
 
     def run(self, loader: bytes) -> None:
         """Serves the group until it is over, then cleans up."""
@@ -279,7 +279,7 @@ class Coordinator:
     def request_epoch(self, epoch: int) -> None:
         assert self.control is not None
         while self.epochs_requested <= epoch:
-            self.control.sendall(encode(("epoch", self.epochs_requested)))
+            self.to_producer(("epoch", self.epochs_requested))
             self.epochs_requested += 1
 
     def took(self, member: Member, seq: int) -> None:
@@ -290,7 +290,14 @@ class Coordinator:
         if not pending.waiting:
             del self.pending[seq]
             assert self.control is not None
-            self.control.sendall(encode(("free", pending.slot)))
+            self.to_producer(("free", pending.slot))
+
+    def to_producer(self, message: Message) -> None:
+        assert self.control is not None
+        try:
+            self.control.sendall(encode(message))
+        except OSError:
+            self.on_producer_gone()
 
     def on_producer_data(self) -> None:
         assert self.control is not None
@@ -306,7 +313,7 @@ class Coordinator:
                 seq, epoch, slot = message[1], message[2], message[4]
                 takers = {m for m in self.members if m.joined and m.skipped_through < epoch}
                 if not takers:
-                    self.control.sendall(encode(("free", slot)))
+                    self.to_producer(("free", slot))
                     continue
                 self.pending[seq] = Pending(slot, epoch, takers)
                 for member in takers:

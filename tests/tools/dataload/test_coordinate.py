@@ -180,6 +180,7 @@ def in_threads(*work: Callable[[], Any]) -> list[Any]:
     return results
 
 
+@pytest.mark.slow
 def test_a_group_that_does_not_fill_fails_naming_how_many_joined(tmp_path: Path) -> None:
     group = group_name()
     with pytest.raises(
@@ -189,12 +190,13 @@ def test_a_group_that_does_not_fill_fails_naming_how_many_joined(tmp_path: Path)
     assert not [p for p in slot_paths(group) if os.path.exists(p)]
 
 
+@pytest.mark.slow
 def test_a_differing_loader_is_refused(tmp_path: Path) -> None:
     group, log = group_name(), str(tmp_path / "log")
     other = DataLoader(LoggedDataset(log), batch_size=BATCH + 1)
     results = in_threads(
-        lambda: coordinate(make_loader(log), group, consumers=2, timeout=3),
-        lambda: coordinate(other, group, consumers=2, timeout=3),
+        lambda: coordinate(make_loader(log), group, consumers=2, timeout=2),
+        lambda: coordinate(other, group, consumers=2, timeout=2),
     )
     messages = sorted(str(result) for result in results)
     assert all(isinstance(result, CoordinationError) for result in results)
@@ -202,6 +204,7 @@ def test_a_differing_loader_is_refused(tmp_path: Path) -> None:
     assert f"this loader differs from group {group}'s: batch_size" in messages[1]
 
 
+@pytest.mark.slow
 def test_consumers_that_leave_or_skip_do_not_hold_the_others(tmp_path: Path) -> None:
     group, log = group_name(), str(tmp_path / "log")
     loaders = in_threads(
@@ -212,23 +215,27 @@ def test_consumers_that_leave_or_skip_do_not_hold_the_others(tmp_path: Path) -> 
     leaver, stayer = loaders
 
     def leave() -> list[torch.Tensor]:
-        next(iter(leaver))  # abandons epoch 0: the rest of it is skipped
-        labels = [labels for _, labels in leaver]  # all of epoch 1
+        next(iter(leaver))  # abandons epoch 0: its iterator closes and skips the rest
+        stale = iter(leaver)
+        next(stale)  # abandons epoch 1 but keeps the iterator: epoch 2 lets the rest go
+        labels = [labels for _, labels in leaver]  # all of epoch 2
         leaver.close()  # and leaves for good
+        del stale
         return labels
 
     def stay() -> list[list[torch.Tensor]]:
-        return [[labels for _, labels in stayer] for _ in range(3)]
+        return [[labels for _, labels in stayer] for _ in range(4)]
 
     left, stayed = in_threads(leave, stay)
-    torch.testing.assert_close(left, stayed[1])
-    assert [len(epoch) for epoch in stayed] == [8, 8, 8]
-    assert stayer.stats.items_prepared == 3 * ITEMS
+    torch.testing.assert_close(left, stayed[2])
+    assert [len(epoch) for epoch in stayed] == [8, 8, 8, 8]
+    assert stayer.stats.items_prepared == 4 * ITEMS
     pids = (stayer.producer_pid, stayer.coordinator_pid)
     stayer.close()
     assert_group_gone(group, pids)
 
 
+@pytest.mark.slow
 def test_a_killed_coordinator_fails_its_consumers_and_they_clean_up(tmp_path: Path) -> None:
     group, log = group_name(), str(tmp_path / "log")
     loaders = in_threads(
