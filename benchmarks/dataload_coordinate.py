@@ -17,8 +17,11 @@ The time of an epoch is the slowest consumer's, from the moment all k are ready 
 ``coordinated``, when the group has formed) to its last batch; each configuration runs once a
 round, interleaved, for ``--rounds`` rounds, and the median over rounds of the *last* epoch is
 reported (the first coordinated epoch also pays for the producer's start). The speed-up is
-independent over coordinated. The preparation count is the producer's count of ``__getitem__``
-calls (coordinated) and k times the items per epoch (independent).
+independent over coordinated. Wall times depend on whatever else the host runs; so the CPU
+seconds the same epoch cost all processes involved (consumers and their workers; the producer,
+its workers and the coordinator) are reported too, with their ratio: the work coordination
+saved. The preparation count is the producer's count of ``__getitem__`` calls (coordinated) and
+k times the items per epoch (independent).
 
 The consumers do nothing with a batch but take it: this measures preparation alone, the case
 where the k jobs' training steps (on GPUs) wait for their data.
@@ -30,6 +33,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import resource
 import statistics
 import sys
 import time
@@ -86,18 +90,37 @@ def make_loader(config: Config) -> DataLoader[Any]:
                       multiprocessing_context="fork" if config.workers else None)  # fmt: skip
 
 
+def own_cpu_s() -> float:
+    """CPU seconds of this process and of its reaped children (the loader's workers)."""
+    me, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds of another process of ours and of its reaped children, from /proc."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def consumer(config: Config, mode: str, group: str, k: int, ready: Any, out: Any) -> None:
-    """One consumer process: its epoch times (and the producer's count) into ``out``."""
+    """One consumer process: its epoch times, CPU time and the producer's count into ``out``."""
     torch.set_num_threads(1)
     loader: Any = make_loader(config)
     if mode == "coordinated":
-        loader = coordinate(loader, group, consumers=k, timeout=120)
+        loader = coordinate(loader, group, consumers=k, timeout=300)
+    shared = [loader.producer_pid, loader.coordinator_pid] if mode == "coordinated" else []
     ready.wait()
     epochs = []
     for _ in range(config.epochs):
-        start = time.monotonic()
+        start, cpu, shared_cpu = time.monotonic(), own_cpu_s(), sum(map(process_cpu_s, shared))
         batches = sum(1 for _ in loader)
-        epochs.append((start, time.monotonic(), batches))
+        epochs.append({"start": start, "end": time.monotonic(), "batches": batches,
+                       "cpu_s": own_cpu_s() - cpu,
+                       "shared_cpu": (shared_cpu, sum(map(process_cpu_s, shared)))})  # fmt: skip
     prepared = loader.stats.items_prepared if mode == "coordinated" else None
     out.put({"epochs": epochs, "items_prepared": prepared})
     if mode == "coordinated":
@@ -112,17 +135,21 @@ def run(config: Config, mode: str, k: int) -> dict[str, Any]:
                  for _ in range(k)]  # fmt: skip
     for process in processes:
         process.start()
-    reports = [out.get(timeout=600) for _ in processes]
+    reports = [out.get(timeout=900) for _ in processes]
     for process in processes:
         process.join()
-    epoch_s = [
-        max(r["epochs"][e][1] for r in reports) - min(r["epochs"][e][0] for r in reports)
-        for e in range(config.epochs)
-    ]
+    epoch_s, cpu_s = [], []
+    for e in range(config.epochs):
+        marks = [r["epochs"][e] for r in reports]
+        epoch_s.append(max(m["end"] for m in marks) - min(m["start"] for m in marks))
+        # the producer's and coordinator's CPU over the union of the consumers' epochs
+        shared = max(m["shared_cpu"][1] for m in marks) - min(m["shared_cpu"][0] for m in marks)
+        cpu_s.append(sum(m["cpu_s"] for m in marks) + shared)
     prepared = reports[0]["items_prepared"]
     return {
         "epoch_s": epoch_s,
-        "batches_per_epoch": reports[0]["epochs"][0][2],
+        "cpu_s": cpu_s,
+        "batches_per_epoch": reports[0]["epochs"][0]["batches"],
         "items_prepared": k * config.items * config.epochs if prepared is None else prepared,
     }
 
@@ -149,16 +176,21 @@ def main() -> None:
                 runs.setdefault((k, mode), []).append(run(config, mode, k))
     results = []
     modes = ("independent", "coordinated")
-    print(f"{'k':>2}  {'mode':<12} {'last epoch s (median)':>22} {'items prepared':>15}  speed-up")
+    print(f"{'k':>2}  {'mode':<12} {'last epoch s':>12} {'CPU s':>12} {'items prepared':>15}"
+          f"  {'speed-up':>8}  {'CPU ratio':>9}")  # fmt: skip
     for k in ks:
         last = {m: statistics.median(r["epoch_s"][-1] for r in runs[(k, m)]) for m in modes}
+        cpu = {m: statistics.median(r["cpu_s"][-1] for r in runs[(k, m)]) for m in modes}
         speedup = last["independent"] / last["coordinated"]
+        cpu_ratio = cpu["independent"] / cpu["coordinated"]
         for mode in modes:
-            gain = speedup if mode == "coordinated" else 1.0
+            gain, saved = (speedup, cpu_ratio) if mode == "coordinated" else (1.0, 1.0)
             prepared = runs[(k, mode)][0]["items_prepared"]
-            print(f"{k:>2}  {mode:<12} {last[mode]:>22.3f} {prepared:>15}  {gain:>7.2f}x")
+            print(f"{k:>2}  {mode:<12} {last[mode]:>12.3f} {cpu[mode]:>12.3f} {prepared:>15}"
+                  f"  {gain:>7.2f}x  {saved:>8.2f}x")  # fmt: skip
             results.append({"consumers": k, "mode": mode, "epoch_s_last_median": last[mode],
-                            "speedup": gain, "runs": runs[(k, mode)]})  # fmt: skip
+                            "cpu_s_last_median": cpu[mode], "speedup": gain,
+                            "cpu_ratio": saved, "runs": runs[(k, mode)]})  # fmt: skip
     machine = {"cpus": os.cpu_count(), "load_average_before": load_before,
                "load_average_after": os.getloadavg()}  # fmt: skip
     report = {

@@ -307,7 +307,7 @@ class CoordinatedLoader:
         try:
             self._channel.send(message, self.timeout)
         except (ConnectionClosed, OSError):
-            self._fail(self._coordinator_gone())
+            self._fail(self._coordinator_gone(), remove_slots=True)
 
     def _coordinator_gone(self) -> str:
         return (
@@ -330,7 +330,7 @@ class CoordinatedLoader:
                     "batches without leaving"
                 ) from None
             except (ConnectionClosed, OSError):
-                self._fail(self._coordinator_gone())
+                self._fail(self._coordinator_gone(), remove_slots=True)
             finally:
                 waited = time.monotonic() - started
                 self._stats = replace(self._stats, wait_s=self._stats.wait_s + waited)
@@ -342,9 +342,11 @@ class CoordinatedLoader:
             if kind == "batch":  # of an epoch this consumer abandoned: let it go
                 self._send(("took", message[1]))
 
-    def _fail(self, text: str) -> Any:
-        """Records the group's end, removes its shared memory if still there, and raises."""
+    def _fail(self, text: str, remove_slots: bool = False) -> Any:
+        """Records the group's end and raises it. The coordinator removes the shared memory
+        before it reports a failure; when it died instead (``remove_slots``), we do."""
         self._failure = CoordinationError(text)
-        server.remove_slots(self.group)
+        if remove_slots:
+            server.remove_slots(self.group)
         self._finalizer()
         raise self._failure
