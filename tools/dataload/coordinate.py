@@ -227,6 +227,18 @@ def _close(channel: Channel, fds: list[int]) -> None:
         os.close(fd)
 
 
+def _open_slots(group: str, paths: list[str]) -> list[int]:
+    fds: list[int] = []
+    try:
+        for path in paths:
+            fds.append(os.open(path, os.O_RDONLY))
+    except OSError as error:
+        for fd in fds:
+            os.close(fd)
+        raise CoordinationError(f"group {group} ended as it formed: {error}") from error
+    return fds
+
+
 class CoordinatedLoader:
     """This consumer's view of a group: iterable (one epoch per ``iter()``), sized, with `stats`.
 
@@ -243,8 +255,7 @@ class CoordinatedLoader:
         self.coordinator_pid: int = info["coordinator_pid"]
         self._batches = batches
         self._channel = channel
-        self._slot_paths: list[str] = info["slots"]
-        self._slots = [os.open(path, os.O_RDONLY) for path in self._slot_paths]
+        self._slots = _open_slots(group, info["slots"])
         self._stats = CoordinationStats()
         self._next_epoch = 0
         self._failure: CoordinationError | None = None
@@ -252,6 +263,11 @@ class CoordinatedLoader:
 
     def __len__(self) -> int:
         return self._batches
+
+    def __repr__(self) -> str:
+        state = "failed" if self._failure else "open" if self._finalizer.alive else "closed"
+        return (f"<CoordinatedLoader group={self.group!r} consumers={self.consumers} "
+                f"batches={self._batches} {state}: {self._stats}>")  # fmt: skip
 
     @property
     def stats(self) -> CoordinationStats:
