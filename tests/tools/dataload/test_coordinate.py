@@ -12,6 +12,8 @@ import concurrent.futures
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -252,3 +254,28 @@ def test_a_killed_coordinator_fails_its_consumers_and_they_clean_up(tmp_path: Pa
             for _ in epoch:
                 pass
     assert_group_gone(group, (loaders[0].producer_pid, loaders[0].coordinator_pid))
+
+
+NOTEBOOK_CELL = """
+import torch
+from torch.utils.data import DataLoader, Dataset
+from kernelfleet.tools.dataload.coordinate import coordinate
+
+class Squares(Dataset):  # defined in __main__, as a notebook cell defines it
+    def __len__(self):
+        return 6
+    def __getitem__(self, i):
+        return torch.tensor(i * i)
+
+with coordinate(DataLoader(Squares(), batch_size=4), {group!r}, consumers=1, timeout=30) as loader:
+    print([batch.tolist() for batch in loader], loader.stats.items_prepared)
+"""
+
+
+@pytest.mark.slow
+def test_a_dataset_defined_in_main_reaches_the_producer() -> None:
+    group = group_name()
+    code = NOTEBOOK_CELL.format(group=group)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[[0, 1, 4, 9], [16, 25]] 6"
