@@ -210,7 +210,7 @@ def test_a_worker_that_dies_or_raises_fails_the_run_and_leaves_no_process() -> N
         ("1f1b", 4, 4, 2, 16, "1f1b needs at least as many microbatches as stages: 2 < 4"),
         ("interleaved", 2, 2, 4, 16, "interleaved needs at least 2 stages per worker"),
         ("interleaved", 6, 4, 4, 16, "6 stages on 4 workers"),
-        ("interleaved", 4, 2, 6, 18, "a multiple of 3 (microbatches // workers), got 6"),
+        ("interleaved", 4, 2, 5, 20, "a multiple of 2 (microbatches // workers), got 5"),
         ("gpipe", 2, 2, 0, 16, "at least 1"),
     ],
 )
