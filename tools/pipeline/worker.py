@@ -15,7 +15,7 @@ steps; for each the worker trains and reports back:
 
 The device comes from the environment: if torch sees a GPU (the driver gives each worker one of
 the cell's ``CUDA_VISIBLE_DEVICES``), the stages run on ``cuda:0`` with nccl, otherwise on the
-CPU with gloo. Same code either way.
+CPU with gloo, using ``cpu_count // ranks`` threads. Same code either way.
 """
 
 from __future__ import annotations
@@ -73,9 +73,13 @@ def choose_device() -> Any:
 
 
 def join(session: Session, device: Any) -> None:
-    """Join the session's process group: nccl on a GPU, gloo on the CPU."""
+    """Join the session's process group: nccl on a GPU, gloo on the CPU. On the CPU the worker
+    also takes its share of the host's cores for torch's threads (the ranks share the host)."""
+    import torch
     import torch.distributed as dist
 
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // session.ranks))
     timeout = timedelta(seconds=session.timeout_s)
     store = dist.TCPStore(
         session.store_host, session.store_port, session.ranks, is_master=False, timeout=timeout

@@ -1,0 +1,143 @@
+"""Throughput of torch's pipeline schedules on worker processes, against one process.
+
+    python benchmarks/pipeline_schedules.py [--ranks 2] [--microbatches 1,2,4,8] [--steps 6]
+        [--batch 256] [--width 1024] [--layers 8] [--json OUT]
+
+The model is an MLP of ``--layers`` blocks (``Linear(width, width)`` + ``ReLU``) and a
+``Linear(width, 10)`` head, trained with cross-entropy and SGD on one random batch. The baseline
+trains it in this process (torch's threads on every core); each pipelined run trains it with
+`kernelfleet.tools.pipeline.runner.run_pipeline` on ``R`` worker processes (each with
+``cores // R`` threads, on the CPU with gloo), its blocks split evenly into ``R`` stages (GPipe,
+1F1B) or ``2R`` stages, two per rank (interleaved 1F1B). One `WorkerPool` per rank count serves
+every schedule and microbatch count.
+
+Throughput is samples per second over the steps after the first (which sets the pipeline up),
+per step the mean; a layout a schedule refuses (1F1B with fewer microbatches than stages) is
+shown as such. The table prints samples/s and the ratio to the baseline; ``--json`` writes the
+same figures. On a CPU host the ranks share the cores the baseline uses alone, so pipelining can
+at best match it: what the table shows is the schedules' overhead and bubbles against each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from typing import Any
+
+import torch
+
+from kernelfleet.errors import InvalidRequest
+from kernelfleet.tools.pipeline.runner import WorkerPool, run_pipeline
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+def make_model(layers: int, width: int) -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    children: list[torch.nn.Module] = []
+    for _ in range(layers):
+        children += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    children.append(torch.nn.Linear(width, 10))
+    return torch.nn.Sequential(*children)
+
+
+def even_ranges(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
+    """``stages`` ranges over the model's children: blocks split as evenly as they go, the
+    head with the last stage (each block is two children, Linear and ReLU)."""
+    bounds = [round(index * layers / stages) for index in range(stages + 1)]
+    ranges = [(2 * bounds[i], 2 * bounds[i + 1] - 1) for i in range(stages)]
+    ranges[-1] = (ranges[-1][0], 2 * layers)
+    return tuple(ranges)
+
+
+def baseline(args: argparse.Namespace, inputs: Any, targets: Any) -> float:
+    """Samples per second of the same training in this process."""
+    model = make_model(args.layers, args.width)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    seconds = []
+    for _ in range(args.steps):
+        started = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(inputs), targets).backward()
+        optimizer.step()
+        seconds.append(time.perf_counter() - started)
+    steady = seconds[1:] or seconds
+    return args.batch * len(steady) / sum(steady)
+
+
+def pipelined(
+    args: argparse.Namespace, pool: WorkerPool, schedule: str, microbatches: int, data: Any
+) -> float | str:
+    stages = 2 * pool.ranks if schedule == "interleaved" else pool.ranks
+    try:
+        result = run_pipeline(
+            make_model(args.layers, args.width),
+            even_ranges(args.layers, stages),
+            *data,
+            loss=torch.nn.functional.cross_entropy,
+            schedule=schedule,
+            microbatches=microbatches,
+            steps=args.steps,
+            pool=pool,
+        )
+    except InvalidRequest as refused:
+        return f"refused: {refused.message}"
+    return result.samples_per_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", default="2", help="worker counts, comma-separated (2)")
+    parser.add_argument("--microbatches", default="1,2,4,8", help="comma-separated (1,2,4,8)")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--json", metavar="OUT")
+    args = parser.parse_args()
+    generator = torch.Generator().manual_seed(1)
+    data = (
+        torch.randn(args.batch, args.width, generator=generator),
+        torch.randint(0, 10, (args.batch,), generator=generator),
+    )
+    base = baseline(args, *data)
+    print(
+        f"MLP {args.layers}x{args.width}, batch {args.batch}, {args.steps} steps, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}"
+    )
+    print(f"one process: {base:.1f} samples/s\n")
+    print(f"{'ranks':>5}  {'schedule':<12}{'microbatches':>12}{'samples/s':>12}{'vs one':>8}")
+    runs = []
+    for ranks in (int(r) for r in args.ranks.split(",")):
+        with WorkerPool(ranks, gpus=[]) as pool:
+            for schedule in SCHEDULES:
+                for microbatches in (int(m) for m in args.microbatches.split(",")):
+                    rate = pipelined(args, pool, schedule, microbatches, data)
+                    runs.append(
+                        {"ranks": ranks, "schedule": schedule, "microbatches": microbatches}
+                        | ({"samples_per_s": rate} if isinstance(rate, float) else {"note": rate})
+                    )
+                    shown = (
+                        f"{rate:>12.1f}{rate / base:>7.2f}x"
+                        if isinstance(rate, float)
+                        else f"  {rate}"
+                    )
+                    print(f"{ranks:>5}  {schedule:<12}{microbatches:>12}{shown}")
+    if args.json:
+        document = {
+            "model": {"layers": args.layers, "width": args.width, "batch": args.batch},
+            "steps": args.steps,
+            "host": {"cores": os.cpu_count(), "machine": platform.machine()},
+            "torch": torch.__version__,
+            "one_process_samples_per_s": base,
+            "runs": runs,
+        }
+        with open(args.json, "w") as out:
+            json.dump(document, out, indent=2)
+
+
+if __name__ == "__main__":
+    main()
