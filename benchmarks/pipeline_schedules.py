@@ -11,11 +11,13 @@ trains it in this process (torch's threads on every core); each pipelined run tr
 1F1B) or ``2R`` stages, two per rank (interleaved 1F1B). One `WorkerPool` per rank count serves
 every schedule and microbatch count.
 
-Throughput is samples per second over the steps after the first (which sets the pipeline up),
-per step the mean; a layout a schedule refuses (1F1B with fewer microbatches than stages) is
-shown as such. The table prints samples/s and the ratio to the baseline; ``--json`` writes the
-same figures. On a CPU host the ranks share the cores the baseline uses alone, so pipelining can
-at best match it: what the table shows is the schedules' overhead and bubbles against each other.
+Throughput is the batch over the median step time, the first step (which sets the pipeline up)
+left out. The baseline is measured again right before every pipelined run and each run's ratio
+is to that adjacent baseline, so that load from other processes on the host falls on both; the
+header gives the median of the baselines and the host's load average. A layout a schedule
+refuses (1F1B with fewer microbatches than stages) is shown as such. ``--json`` writes the same
+figures. On a CPU host the ranks share the cores the baseline uses alone, so pipelining can at
+best match it: the table compares the schedules' overheads and bubbles with one another.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import time
 from typing import Any
 
@@ -64,8 +67,12 @@ def baseline(args: argparse.Namespace, inputs: Any, targets: Any) -> float:
         torch.nn.functional.cross_entropy(model(inputs), targets).backward()
         optimizer.step()
         seconds.append(time.perf_counter() - started)
-    steady = seconds[1:] or seconds
-    return args.batch * len(steady) / sum(steady)
+    return steady_rate(args.batch, seconds)
+
+
+def steady_rate(batch: int, seconds: list[float] | tuple[float, ...]) -> float:
+    """Samples per second at the median step time, the first step left out."""
+    return batch / statistics.median(seconds[1:] or seconds)
 
 
 def pipelined(
@@ -85,7 +92,7 @@ def pipelined(
         )
     except InvalidRequest as refused:
         return f"refused: {refused.message}"
-    return result.samples_per_s
+    return steady_rate(args.batch, result.step_seconds)
 
 
 def main() -> None:
@@ -103,36 +110,36 @@ def main() -> None:
         torch.randn(args.batch, args.width, generator=generator),
         torch.randint(0, 10, (args.batch,), generator=generator),
     )
-    base = baseline(args, *data)
     print(
         f"MLP {args.layers}x{args.width}, batch {args.batch}, {args.steps} steps, "
-        f"{os.cpu_count()} cores, torch {torch.__version__}"
+        f"{os.cpu_count()} cores, torch {torch.__version__}, load {os.getloadavg()[0]:.1f}"
     )
-    print(f"one process: {base:.1f} samples/s\n")
-    print(f"{'ranks':>5}  {'schedule':<12}{'microbatches':>12}{'samples/s':>12}{'vs one':>8}")
-    runs = []
+    header = f"{'ranks':>5}  {'schedule':<12}{'microbatches':>12}{'samples/s':>12}"
+    print(f"{header}{'one process':>13}{'ratio':>7}")
+    runs: list[dict[str, Any]] = []
     for ranks in (int(r) for r in args.ranks.split(",")):
         with WorkerPool(ranks, gpus=[]) as pool:
             for schedule in SCHEDULES:
                 for microbatches in (int(m) for m in args.microbatches.split(",")):
+                    base = baseline(args, *data)
                     rate = pipelined(args, pool, schedule, microbatches, data)
-                    runs.append(
-                        {"ranks": ranks, "schedule": schedule, "microbatches": microbatches}
-                        | ({"samples_per_s": rate} if isinstance(rate, float) else {"note": rate})
+                    run = {"ranks": ranks, "schedule": schedule, "microbatches": microbatches}
+                    if isinstance(rate, str):
+                        runs.append(run | {"note": rate})
+                        print(f"{ranks:>5}  {schedule:<12}{microbatches:>12}  {rate}")
+                        continue
+                    runs.append(run | {"samples_per_s": rate, "one_process_samples_per_s": base})
+                    print(
+                        f"{ranks:>5}  {schedule:<12}{microbatches:>12}{rate:>12.1f}"
+                        f"{base:>13.1f}{rate / base:>6.2f}x"
                     )
-                    shown = (
-                        f"{rate:>12.1f}{rate / base:>7.2f}x"
-                        if isinstance(rate, float)
-                        else f"  {rate}"
-                    )
-                    print(f"{ranks:>5}  {schedule:<12}{microbatches:>12}{shown}")
     if args.json:
         document = {
             "model": {"layers": args.layers, "width": args.width, "batch": args.batch},
             "steps": args.steps,
             "host": {"cores": os.cpu_count(), "machine": platform.machine()},
             "torch": torch.__version__,
-            "one_process_samples_per_s": base,
+            "load_average": os.getloadavg()[0],
             "runs": runs,
         }
         with open(args.json, "w") as out:
