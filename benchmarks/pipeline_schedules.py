@@ -1,7 +1,7 @@
 """Throughput of torch's pipeline schedules on worker processes, against one process.
 
     python benchmarks/pipeline_schedules.py [--ranks 2] [--microbatches 1,2,4,8] [--steps 6]
-        [--batch 256] [--width 1024] [--layers 8] [--json OUT]
+        [--repeats 3] [--batch 256] [--width 1024] [--layers 8] [--json OUT]
 
 The model is an MLP of ``--layers`` blocks (``Linear(width, width)`` + ``ReLU``) and a
 ``Linear(width, 10)`` head, trained with cross-entropy and SGD on one random batch. The baseline
@@ -12,9 +12,10 @@ trains it in this process (torch's threads on every core); each pipelined run tr
 every schedule and microbatch count.
 
 Throughput is the batch over the median step time, the first step (which sets the pipeline up)
-left out. The baseline is measured again right before every pipelined run and each run's ratio
-is to that adjacent baseline, so that load from other processes on the host falls on both; the
-header gives the median of the baselines and the host's load average. A layout a schedule
+left out. The baseline is measured again right before every pipelined run, ``--repeats`` pairs
+of them per configuration, and the table gives the median of each and the ratio of the
+medians, so that load from other processes on the host falls on both alike; the header gives
+the host's load average. A layout a schedule
 refuses (1F1B with fewer microbatches than stages) is shown as such. ``--json`` writes the same
 figures. On a CPU host the ranks share the cores the baseline uses alone, so pipelining can at
 best match it: the table compares the schedules' overheads and bubbles with one another.
@@ -100,6 +101,7 @@ def main() -> None:
     parser.add_argument("--ranks", default="2", help="worker counts, comma-separated (2)")
     parser.add_argument("--microbatches", default="1,2,4,8", help="comma-separated (1,2,4,8)")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=3, help="pairs of runs (3)")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=8)
@@ -121,8 +123,12 @@ def main() -> None:
         with WorkerPool(ranks, gpus=[]) as pool:
             for schedule in SCHEDULES:
                 for microbatches in (int(m) for m in args.microbatches.split(",")):
-                    base = baseline(args, *data)
-                    rate = pipelined(args, pool, schedule, microbatches, data)
+                    bases, rates = [], []
+                    for _ in range(args.repeats):
+                        bases.append(baseline(args, *data))
+                        rates.append(pipelined(args, pool, schedule, microbatches, data))
+                    base = statistics.median(bases)
+                    rate = rates[0] if isinstance(rates[0], str) else statistics.median(rates)
                     run = {"ranks": ranks, "schedule": schedule, "microbatches": microbatches}
                     if isinstance(rate, str):
                         runs.append(run | {"note": rate})
@@ -137,6 +143,7 @@ def main() -> None:
         document = {
             "model": {"layers": args.layers, "width": args.width, "batch": args.batch},
             "steps": args.steps,
+            "repeats": args.repeats,
             "host": {"cores": os.cpu_count(), "machine": platform.machine()},
             "torch": torch.__version__,
             "load_average": os.getloadavg()[0],
