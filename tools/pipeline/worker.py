@@ -13,6 +13,8 @@ steps; for each the worker trains and reports back:
 - ``("state", {stage: state_dict})`` at the end of the job, on the CPU;
 - ``("done",)``. For any exception it sends ``("error", traceback_text)`` and exits 1.
 
+A worker exits as soon as its driver's process is gone, even in the middle of a step.
+
 The device comes from the environment: if torch sees a GPU (the driver gives each worker one of
 the cell's ``CUDA_VISIBLE_DEVICES``), the stages run on ``cuda:0`` with nccl, otherwise on the
 CPU with gloo, using ``cpu_count // ranks`` threads. Same code either way.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -133,9 +136,23 @@ def run_job(job: WorkerJob, device: Any, channel: Channel) -> None:
     channel.send(("state", states))
 
 
+def exit_with_parent(interval_s: float = 1.0) -> None:
+    """End this process, from a daemon thread, as soon as the process that started it (the
+    driver) is gone, even in the middle of a step; between jobs the closed connection does."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     import torch.distributed as dist
 
+    exit_with_parent()
     host, port, rank = argv[0], int(argv[1]), int(argv[2])
     channel = connect(host, port, os.environ.pop(TOKEN_ENV), timeout=60.0)
     try:
