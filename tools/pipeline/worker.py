@@ -113,19 +113,22 @@ def run_job(job: WorkerJob, device: Any, channel: Channel) -> None:
         n_microbatches=job.microbatches,
         loss_fn=job.loss,
     )
-    optimizer = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=job.lr)
+    parameters = [p for module in modules for p in module.parameters()]
+    optimizer = torch.optim.SGD(parameters, lr=job.lr) if parameters else None  # a ReLU stage
     first, last = 0 in job.stages, job.stage_count - 1 in job.stages
     args = (job.inputs.to(device),) if first else ()
     target = job.targets.to(device) if last else None
     for step in range(job.steps):
         started = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
         losses: list[Any] = []
         if last:
             schedule.step(*args, target=target, losses=losses)
         else:
             schedule.step(*args)
-        optimizer.step()
+        if optimizer is not None:
+            optimizer.step()
         if last:
             loss = torch.stack([x.detach().float() for x in losses]).mean().item()
             channel.send(("step", step, loss, time.perf_counter() - started))

@@ -1,8 +1,8 @@
 """Running a plan: GPipe, 1F1B and interleaved 1F1B on worker processes (CPU, gloo) train a model
 exactly as one process does; failures end the run with the worker's error and leave no process.
 
-Worker processes are expensive (each imports torch), so each rank count has one `WorkerPool`,
-shared by the schedules run on it.
+Worker processes are expensive (each imports torch), so the tests share one `WorkerPool` per rank
+count (`pools`), started when first asked for and again only after a test made it fail.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -94,9 +94,19 @@ def check_equal_to_one_process(
 
 
 @pytest.fixture(scope="module")
-def pool2() -> Iterator[WorkerPool]:
-    with WorkerPool(2, timeout_s=60, gpus=[]) as pool:
-        yield pool
+def pools() -> Iterator[Callable[[int], WorkerPool]]:
+    """``pools(ranks)``: the module's running pool of that many workers (a new one if the last
+    was closed by a failure); all are closed at the end of the module."""
+    running: dict[int, WorkerPool] = {}
+
+    def pool(ranks: int) -> WorkerPool:
+        if ranks not in running or running[ranks].closed:
+            running[ranks] = WorkerPool(ranks, timeout_s=60, gpus=[])
+        return running[ranks]
+
+    yield pool
+    for each in running.values():
+        each.close()
 
 
 @pytest.mark.slow
@@ -110,20 +120,22 @@ def pool2() -> Iterator[WorkerPool]:
     ],
 )
 def test_two_ranks_train_as_one_process(
-    pool2: WorkerPool, schedule: str, ranges: tuple[tuple[int, int], ...], microbatches: int
+    pools: Callable[[int], WorkerPool],
+    schedule: str,
+    ranges: tuple[tuple[int, int], ...],
+    microbatches: int,
 ) -> None:
-    result = check_equal_to_one_process(pool2, ranges, schedule, microbatches)
+    result = check_equal_to_one_process(pools(2), ranges, schedule, microbatches)
     assert (result.schedule, result.ranks) == (schedule, 2)
 
 
 @pytest.mark.slow
-def test_four_ranks_train_as_one_process() -> None:
-    four = ((0, 0), (1, 2), (3, 4), (5, 6))
+def test_four_ranks_train_as_one_process(pools: Callable[[int], WorkerPool]) -> None:
+    four = ((0, 0), (1, 1), (2, 4), (5, 6))  # stage 1 is a Tanh alone: no parameters
     eight = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9), (10, 11), (12, 13), (14, 14))
-    with WorkerPool(4, timeout_s=60, gpus=[]) as pool:
-        check_equal_to_one_process(pool, four, "gpipe", 4)
-        check_equal_to_one_process(pool, four, "1f1b", 8)
-        check_equal_to_one_process(pool, eight, "interleaved", 8)
+    check_equal_to_one_process(pools(4), four, "gpipe", 4)
+    check_equal_to_one_process(pools(4), four, "1f1b", 8)
+    check_equal_to_one_process(pools(4), eight, "interleaved", 8)
 
 
 def worker_processes() -> set[int]:
@@ -166,36 +178,48 @@ def faulty_loss(how: str, fail_at: int) -> Any:
     return namespace["loss"]
 
 
+def gone(pool: WorkerPool) -> bool:
+    """Whether every process of ``pool`` has ended and been reaped."""
+    return all(process.returncode is not None for process in pool.processes) and not (
+        {process.pid for process in pool.processes} & worker_processes()
+    )
+
+
 @pytest.mark.slow
-def test_a_worker_that_dies_or_raises_fails_the_run_and_leaves_no_process() -> None:
-    inputs, targets = batch()
-    ranges = ((0, 0), (1, 2))
-    others = worker_processes()  # a shared pool of another test may be running
-    with WorkerPool(2, timeout_s=60, gpus=[]) as pool:
-        workers = worker_processes() - others
-        assert len(workers) == 2
-        with pytest.raises(WorkerFailed, match=r"worker 1 died \(signal 9\)"):
-            run_pipeline(
-                make_model(2), ranges, inputs, targets, loss=faulty_loss("kill", 6),
-                microbatches=4, steps=3, pool=pool,
-            )  # fmt: skip
-        assert pool.closed
-        assert not workers & worker_processes()
-        with pytest.raises(WorkerFailed, match="closed"):
-            run_pipeline(
-                make_model(2), ranges, inputs, targets, loss=torch.nn.functional.mse_loss,
-                microbatches=4, pool=pool,
-            )  # fmt: skip
-    # an exception: its traceback text, from the worker, in the error (one rank: the cheapest)
+def test_a_worker_that_raises_fails_the_run_with_its_traceback(
+    pools: Callable[[int], WorkerPool],
+) -> None:
+    pool, inputs, targets = pools(4), *batch()
     with pytest.raises(WorkerFailed) as failed:
         run_pipeline(
-            make_model(2), ((0, 2),), inputs, targets, loss=faulty_loss("raise", 3),
-            microbatches=2, steps=2, timeout_s=60,
+            make_model(3), ((0, 0), (1, 1), (2, 2), (3, 4)), inputs, targets,
+            loss=faulty_loss("raise", 3), microbatches=4, steps=2, pool=pool,
         )  # fmt: skip
     message = str(failed.value)
-    assert message.startswith("worker 0 failed:\nTraceback (most recent call last):")
+    assert message.startswith("worker 3 failed:\nTraceback (most recent call last):")
     assert "ValueError: the loss refuses microbatch 3" in message
-    assert worker_processes() <= others
+    assert pool.closed
+    assert gone(pool)
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_fails_the_run_and_leaves_no_process(
+    pools: Callable[[int], WorkerPool],
+) -> None:
+    pool, inputs, targets = pools(2), *batch()
+    ranges = ((0, 0), (1, 2))
+    with pytest.raises(WorkerFailed, match=r"worker 1 died \(signal 9\)"):
+        run_pipeline(
+            make_model(2), ranges, inputs, targets, loss=faulty_loss("kill", 6),
+            microbatches=4, steps=3, pool=pool,
+        )  # fmt: skip
+    assert pool.closed
+    assert gone(pool)
+    with pytest.raises(WorkerFailed, match="closed"):
+        run_pipeline(
+            make_model(2), ranges, inputs, targets, loss=torch.nn.functional.mse_loss,
+            microbatches=4, pool=pool,
+        )  # fmt: skip
 
 
 # ---- what is refused before any process starts --------------------------------------------------
