@@ -17,8 +17,11 @@ of them per configuration, and the table gives the median of each and the ratio 
 medians, so that load from other processes on the host falls on both alike; the header gives
 the host's load average. A layout a schedule
 refuses (1F1B with fewer microbatches than stages) is shown as such. ``--json`` writes the same
-figures. On a CPU host the ranks share the cores the baseline uses alone, so pipelining can at
-best match it: the table compares the schedules' overheads and bubbles with one another.
+figures. A second baseline runs on one thread: against it, ``R`` pipelined workers (each on
+``cores // R`` threads) could reach at most ``cores`` times, less the bubble. On a CPU host the
+ranks share the cores the first baseline uses alone, so pipelining can at best match that one;
+on a host loaded by other processes, though, a multi-threaded process suffers more than
+single-threaded ones (its threads wait for each other), which the ratios then show too.
 """
 
 from __future__ import annotations
@@ -57,8 +60,17 @@ def even_ranges(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
     return tuple(ranges)
 
 
-def baseline(args: argparse.Namespace, inputs: Any, targets: Any) -> float:
-    """Samples per second of the same training in this process."""
+def baseline(args: argparse.Namespace, inputs: Any, targets: Any, threads: int) -> float:
+    """Samples per second of the same training in this process, on ``threads`` threads."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _train_here(args, inputs, targets)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _train_here(args: argparse.Namespace, inputs: Any, targets: Any) -> float:
     model = make_model(args.layers, args.width)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     seconds = []
@@ -117,27 +129,36 @@ def main() -> None:
         f"{os.cpu_count()} cores, torch {torch.__version__}, load {os.getloadavg()[0]:.1f}"
     )
     header = f"{'ranks':>5}  {'schedule':<12}{'microbatches':>12}{'samples/s':>12}"
-    print(f"{header}{'one process':>13}{'ratio':>7}")
+    print(f"{header}{'one process':>13}{'ratio':>7}{'one thread':>12}{'ratio':>7}")
+    cores = os.cpu_count() or 1
     runs: list[dict[str, Any]] = []
     for ranks in (int(r) for r in args.ranks.split(",")):
         with WorkerPool(ranks, gpus=[]) as pool:
             for schedule in SCHEDULES:
                 for microbatches in (int(m) for m in args.microbatches.split(",")):
-                    bases, rates = [], []
+                    bases, singles, rates = [], [], []
                     for _ in range(args.repeats):
-                        bases.append(baseline(args, *data))
+                        bases.append(baseline(args, *data, threads=cores))
+                        singles.append(baseline(args, *data, threads=1))
                         rates.append(pipelined(args, pool, schedule, microbatches, data))
-                    base = statistics.median(bases)
+                    base, single = statistics.median(bases), statistics.median(singles)
                     rate = rates[0] if isinstance(rates[0], str) else statistics.median(rates)
                     run = {"ranks": ranks, "schedule": schedule, "microbatches": microbatches}
                     if isinstance(rate, str):
                         runs.append(run | {"note": rate})
                         print(f"{ranks:>5}  {schedule:<12}{microbatches:>12}  {rate}")
                         continue
-                    runs.append(run | {"samples_per_s": rate, "one_process_samples_per_s": base})
+                    runs.append(
+                        run
+                        | {
+                            "samples_per_s": rate,
+                            "one_process_samples_per_s": base,
+                            "one_thread_samples_per_s": single,
+                        }
+                    )
                     print(
                         f"{ranks:>5}  {schedule:<12}{microbatches:>12}{rate:>12.1f}"
-                        f"{base:>13.1f}{rate / base:>6.2f}x"
+                        f"{base:>13.1f}{rate / base:>6.2f}x{single:>12.1f}{rate / single:>6.2f}x"
                     )
     if args.json:
         document = {
