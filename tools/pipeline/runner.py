@@ -18,9 +18,11 @@ makes it raise ``worker 2 died (signal 9)`` (a death by a signal is reported fir
 other workers' errors then follow from it). Whatever happens, every worker process is gone when
 `run_pipeline` returns or raises, and the driver's listener and store are closed.
 
-Devices: if ``CUDA_VISIBLE_DEVICES`` lists GPUs (a ``%%gpus N`` cell), worker ``r`` gets the
-``r``-th of them and runs on it with nccl; one GPU per rank is required. Otherwise the workers
-run on the CPU with gloo.
+Devices: the GPUs the caller holds are those ``KERNELFLEET_GPUS`` lists in a kernel of a fleet
+(a ``%%gpus N`` cell binds them), else those ``CUDA_VISIBLE_DEVICES`` lists (a fleet job). Worker
+``r`` gets the ``r``-th of them as its only visible GPU and runs on it with nccl; one GPU per
+rank is required. With none listed, the workers see no GPU (``CUDA_VISIBLE_DEVICES`` empty) and
+run on the CPU with gloo, so that ranks never share a GPU by accident.
 
 The workers reach the driver by a TCP address (the listener and the process group's store both
 bind one), so that workers on other hosts of a fleet could join; today they are started here.
@@ -35,12 +37,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import IO, Any
 
 from kernelfleet.errors import FleetError, InvalidRequest
+from kernelfleet.protocol import ReplicaEnv
 from kernelfleet.tools.pipeline.channel import (
     TOKEN_ENV,
     Channel,
@@ -86,9 +90,11 @@ class RunResult:
         return self.batch_size * len(steady) / sum(steady)
 
 
-def visible_gpus(environ: dict[str, str] | None = None) -> list[str]:
-    """The GPUs ``CUDA_VISIBLE_DEVICES`` lists (none when unset, empty or ``-1``)."""
-    value = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES", "")
+def visible_gpus(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The GPUs the caller holds: ``KERNELFLEET_GPUS`` in a fleet's kernel (set, even empty,
+    while a cell runs there), else ``CUDA_VISIBLE_DEVICES``; none when empty or ``-1``."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(ReplicaEnv.GPUS.value, environ.get("CUDA_VISIBLE_DEVICES", ""))
     gpus = [item.strip() for item in value.split(",") if item.strip()]
     return [] if gpus in ([], ["-1"]) else gpus
 
@@ -226,8 +232,7 @@ class WorkerPool:
     def _spawn(self, rank: int, token: str, gpus: list[str]) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
         env[TOKEN_ENV] = token
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = gpus[rank]
+        env["CUDA_VISIBLE_DEVICES"] = gpus[rank] if gpus else ""
         log = tempfile.TemporaryFile()  # noqa: SIM115 (open until close())
         self.logs.append(log)
         command = [sys.executable, "-m", WORKER_MODULE, self.host, str(self.listener.port)]

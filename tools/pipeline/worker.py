@@ -16,7 +16,7 @@ steps; for each the worker trains and reports back:
 A worker exits as soon as its driver's process is gone, even in the middle of a step.
 
 The device comes from the environment: if torch sees a GPU (the driver gives each worker one of
-the cell's ``CUDA_VISIBLE_DEVICES``), the stages run on ``cuda:0`` with nccl, otherwise on the
+the GPUs the notebook holds), the stages run on ``cuda:0`` with nccl, otherwise on the
 CPU with gloo, using ``cpu_count // ranks`` threads. Same code either way.
 """
 

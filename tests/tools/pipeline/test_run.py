@@ -303,3 +303,9 @@ def test_visible_gpus() -> None:
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == []
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2, 0"}) == ["2", "0"]
+    # in a fleet's kernel, the GPUs the cell holds, whatever the process could see
+    assert visible_gpus({"KERNELFLEET_GPUS": "1,3", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == [
+        "1",
+        "3",
+    ]
+    assert visible_gpus({"KERNELFLEET_GPUS": "", "CUDA_VISIBLE_DEVICES": "0,1"}) == []
