@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from kernelfleet.errors import InvalidRequest
+from kernelfleet.tools.pipeline.channel import ChannelTimeout, Listener, connect
 from kernelfleet.tools.pipeline.runner import (
     RunResult,
     WorkerFailed,
@@ -309,3 +310,28 @@ def test_visible_gpus() -> None:
         "3",
     ]
     assert visible_gpus({"KERNELFLEET_GPUS": "", "CUDA_VISIBLE_DEVICES": "0,1"}) == []
+
+
+def test_the_channel_admits_only_the_runs_token() -> None:
+    listener = Listener("secret")
+    try:
+        with pytest.raises(ChannelTimeout, match=r"no worker connected in 0\.1 s"):
+            listener.accept(timeout=0.1)
+        intruder = connect(listener.host, listener.port, "guess", timeout=5)
+        with pytest.raises(PermissionError, match="without the run's token"):
+            listener.accept(timeout=5)
+        intruder.close()
+        worker = connect(listener.host, listener.port, "secret", timeout=5)
+        driver = listener.accept(timeout=5)
+        driver.send(("job", torch.ones(2)))
+        kind, tensor = worker.receive(timeout=5)
+        assert kind == "job"
+        assert torch.equal(tensor, torch.ones(2))
+        with pytest.raises(ChannelTimeout):
+            driver.receive(timeout=0.05)
+        worker.close()
+        with pytest.raises(EOFError):
+            driver.receive(timeout=5)
+        driver.close()
+    finally:
+        listener.close()
