@@ -70,7 +70,7 @@ def pipeline_parser() -> MagicParser:
     run.add_argument(
         "--loss", required=True, help="mse, cross_entropy, or a notebook function (out, target)"
     )
-    run.add_argument("--schedule", required=True, choices=list(SCHEDULES))
+    run.add_argument("--schedule", required=True, choices=list(SCHEDULES), help="pipeline schedule")
     run.add_argument("--microbatches", type=_count, required=True, help="per step")
     run.add_argument("--steps", type=_count, default=1, help="SGD steps on the batch (1)")
     run.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (0.01)")

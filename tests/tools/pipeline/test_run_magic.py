@@ -178,6 +178,20 @@ async def test_pipeline_run_in_a_fleet_kernel(fleet: Any) -> None:
         assert "trained as one process" in "".join(
             m["content"]["text"] for m in checked.of_type("stream")
         )
+        refused = await client.execute(
+            "%pipeline " + RUN + "--schedule gpipe --stages 0-1,2-4 --microbatches 5"
+        )
+        assert refused.reply["ename"] == "UsageError"
+        assert "5 microbatches do not divide the batch of 12 samples" in refused.reply["evalue"]
+        # a loss defined in the notebook travels to the worker, and its error comes back
+        failing = await client.execute(
+            "def bad_loss(output, target):\n    raise ValueError('no loss today')\n"
+            "%pipeline run model x y --loss bad_loss --schedule gpipe --microbatches 2 "
+            "--stages 0-4"
+        )
+        assert failing.reply["ename"] == "WorkerFailed"
+        assert failing.reply["evalue"].startswith("worker 0 failed:\nTraceback")
+        assert "ValueError: no loss today" in failing.reply["evalue"]
     finally:
         client.close()
         fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
