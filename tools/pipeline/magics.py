@@ -7,28 +7,37 @@
     %pipeline profile --graph PATH   a PipeDream graph.txt profile instead
     %pipeline plan --workers N --bandwidth BYTES_PER_S [--memory BYTES] [--profile NAME]
     %pipeline plan --levels 4:1e10,2:1.25e9 [--profile NAME]
+    %pipeline run MODEL INPUTS TARGETS --loss mse|cross_entropy|NAME
+                  --schedule gpipe|1f1b|interleaved --microbatches M
+                  [--steps S] [--lr LR] [--workers N] [--plan NAME | --stages 0-2,3-4]
 
-A thin shell over `profiler`, `graphfile`, `planner` and `hierarchy`: parse, call, show. Each
-returns a report whose text is the table (and, for a plan, the diagram); its ``.profile`` or
-``.plan`` is the object itself. ``plan`` uses the last profile, or ``--profile NAME``: a notebook
-variable holding a profile (or a report of one), or a ``graph.txt`` path. Bad arguments, and what
-the planner refuses (a layer over the memory limit), raise ``UsageError`` in one line.
+A thin shell over `profiler`, `graphfile`, `planner`, `hierarchy` and `runner`: parse, call,
+show. Each returns a report whose text is the table (and, for a plan, the diagram); its
+``.profile``, ``.plan`` or ``.run`` is the object itself. ``plan`` uses the last profile, or
+``--profile NAME``: a notebook variable holding a profile (or a report of one), or a
+``graph.txt`` path. ``run`` trains the notebook's MODEL on the batch INPUTS/TARGETS with the
+last plan's stages (or ``--plan NAME``, a plan or a report of one, or ``--stages``) on worker
+processes, and leaves the trained weights in MODEL (docs/pipeline.md, "Running a plan"). Bad
+arguments, what the planner refuses (a layer over the memory limit) and a run that cannot be
+laid out raise ``UsageError`` in one line; a worker's failure raises `WorkerFailed` with its
+error.
 """
 
 from __future__ import annotations
 
 import argparse
 import html
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from kernelfleet.errors import InvalidRequest
+from kernelfleet.kernels.magics.parsing import MagicParser, parse
 from kernelfleet.tools.pipeline.profiles import ModelProfile
+from kernelfleet.tools.pipeline.schedules import SCHEDULES
 
 
 def load(ipython: Any) -> None:
@@ -36,26 +45,12 @@ def load(ipython: Any) -> None:
     ipython.register_magics(PipelineMagics)
 
 
-class _Parser(argparse.ArgumentParser):
-    """An argument parser that raises ``UsageError`` instead of exiting the kernel."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message}\n{self.format_usage().rstrip()}")
-
-    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
-        raise _HelpShown if status == 0 else UsageError((message or "").strip())
-
-
-class _HelpShown(Exception):
-    pass
-
-
-def pipeline_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+def pipeline_parser() -> MagicParser:
+    parser = MagicParser(
         prog="%pipeline",
-        description="Profile a model layer by layer and plan pipeline stages (PipeDream).",
+        description="Profile a model layer by layer, plan pipeline stages (PipeDream), run them.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=MagicParser)
     profile = commands.add_parser("profile", help="measure a model, or read a graph.txt")
     profile.add_argument("model", nargs="?", help="a notebook variable: a Sequential-like model")
     profile.add_argument("sample", nargs="?", help="a notebook variable: one sample batch")
@@ -68,6 +63,24 @@ def pipeline_parser() -> argparse.ArgumentParser:
     plan.add_argument("--memory", type=float, help="bytes one worker may hold (no limit)")
     plan.add_argument("--levels", help="COUNT:BYTES_PER_S,... innermost first (hierarchical)")
     plan.add_argument("--profile", metavar="NAME", help="a profile variable or a graph.txt path")
+    run = commands.add_parser("run", help="train the model with the plan's stages on workers")
+    run.add_argument("model", help="a notebook variable: the Sequential-like model to train")
+    run.add_argument("inputs", help="a notebook variable: the batch of inputs")
+    run.add_argument("targets", help="a notebook variable: the batch of targets")
+    run.add_argument(
+        "--loss", required=True, help="mse, cross_entropy, or a notebook function (out, target)"
+    )
+    run.add_argument("--schedule", required=True, choices=list(SCHEDULES), help="pipeline schedule")
+    run.add_argument("--microbatches", type=_count, required=True, help="per step")
+    run.add_argument("--steps", type=_count, default=1, help="SGD steps on the batch (1)")
+    run.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (0.01)")
+    run.add_argument(
+        "--workers", type=_count, help="processes (one per stage; interleaved: stages / 2)"
+    )
+    stages = run.add_mutually_exclusive_group()
+    stages.add_argument("--plan", metavar="NAME", help="a plan variable (the last plan)")
+    stages.add_argument("--stages", metavar="0-2,3-4", help="stage ranges instead of a plan")
+    run.add_argument("--timeout", type=float, default=120.0, help="seconds of silence (120)")
     return parser
 
 
@@ -88,8 +101,9 @@ class Report:
     """What a ``%pipeline`` command shows: ``text`` (also as HTML) and the object behind it."""
 
     text: str
-    profile: ModelProfile
+    profile: ModelProfile | None
     plan: Any = None
+    run: Any = None
 
     def __repr__(self) -> str:
         return self.text
@@ -116,25 +130,51 @@ def profile_table(profile: ModelProfile) -> str:
     return "\n".join(lines)
 
 
+def run_table(result: Any) -> str:
+    """A run's layout (stage, layers, worker), its loss per step and its throughput."""
+    from kernelfleet.tools.pipeline.runner import visible_gpus
+    from kernelfleet.tools.pipeline.schedules import rank_of_stage
+
+    gpus = visible_gpus()
+    where = f"GPUs {','.join(gpus[: result.ranks])}, nccl" if gpus else "CPU, gloo"
+    size = result.batch_size // result.microbatches
+    lines = [f"note: {note}" for note in result.notes]
+    lines.append(
+        f"{result.schedule} on {result.ranks} workers ({where}): {result.microbatches} "
+        f"microbatches of {size} samples, {len(result.losses)} steps"
+    )
+    lines.append(f"{'stage':>5}  {'layers':<9}worker")
+    for index, (first, last) in enumerate(result.ranges):
+        layers = f"{first}-{last}"
+        lines.append(f"{index:>5}  {layers:<9}{rank_of_stage(index, result.ranks)}")
+    lines.append(f"{'step':>5}  {'loss':>12}{'seconds':>10}")
+    for step, (loss, seconds) in enumerate(zip(result.losses, result.step_seconds, strict=True)):
+        lines.append(f"{step + 1:>5}  {loss:>12.6g}{seconds:>10.4f}")
+    steady = "after the first step" if len(result.step_seconds) > 1 else "one step"
+    lines.append(
+        f"{result.samples_per_s:.1f} samples/s ({steady}); the model holds the trained weights"
+    )
+    return "\n".join(lines)
+
+
 @magics_class
 class PipelineMagics(Magics):
     """``%pipeline``: see the module docstring."""
 
     last_profile: ModelProfile | None = None
+    last_plan: Any = None
 
     @line_magic
     def pipeline(self, line: str) -> Report | None:
-        parser = pipeline_parser()
-        try:
-            args = parser.parse_args(shlex.split(line, comments=True))
-        except _HelpShown:
+        args = parse(pipeline_parser(), line)
+        if args is None:
             return None
-        except ValueError as error:  # shlex: an unclosed quote
-            raise UsageError(f"{error}\n{parser.format_usage().rstrip()}") from None
         try:
             if args.command == "profile":
                 return self._profile(args)
-            return self._plan(args)
+            if args.command == "plan":
+                return self._plan(args)
+            return self._run(args)
         except InvalidRequest as error:
             raise UsageError(error.message) from None
 
@@ -172,7 +212,65 @@ class PipelineMagics(Magics):
 
             plan = plan_pipeline(profile, args.workers, args.bandwidth, memory_bytes=args.memory)
         text = f"{plan_table(plan, profile)}\n\n{plan_diagram(plan)}"
+        self.last_plan = plan
         return Report(text, profile, plan)
+
+    def _run(self, args: argparse.Namespace) -> Report:
+        from kernelfleet.tools.pipeline.runner import WorkerFailed, run_pipeline
+        from kernelfleet.tools.pipeline.stages import StageSplit, parse_ranges, stage_ranges
+
+        if args.stages:
+            split = StageSplit(parse_ranges(args.stages))
+        else:
+            split = stage_ranges(self._chosen_plan(args.plan))
+        model, inputs, targets = (
+            self._variable(n) for n in (args.model, args.inputs, args.targets)
+        )
+        try:
+            result = run_pipeline(
+                model,
+                split.ranges,
+                inputs,
+                targets,
+                loss=self._loss(args.loss),
+                schedule=args.schedule,
+                microbatches=args.microbatches,
+                steps=args.steps,
+                lr=args.lr,
+                ranks=args.workers,
+                timeout_s=args.timeout,
+                notes=split.notes,
+            )
+        except WorkerFailed as error:
+            raise WorkerFailed(error.message) from None  # not the driver's stack
+        return Report(run_table(result), None, run=result)
+
+    def _chosen_plan(self, name: str | None) -> Any:
+        from kernelfleet.tools.pipeline.planner import Plan
+
+        if name is None:
+            if self.last_plan is None:
+                raise UsageError("plan first (%pipeline plan ...), or give --plan or --stages")
+            return self.last_plan
+        value = self._variable(name)
+        plan = value.plan if isinstance(value, Report) else value
+        if not isinstance(plan, Plan):
+            raise UsageError(f"--plan {name}: not a plan (a %pipeline plan report or its .plan)")
+        return plan
+
+    def _loss(self, name: str) -> Any:
+        import torch
+
+        named = {
+            "mse": torch.nn.functional.mse_loss,
+            "cross_entropy": torch.nn.functional.cross_entropy,
+        }
+        if name in named:
+            return named[name]
+        loss = self._variable(name)
+        if not callable(loss):
+            raise UsageError(f"--loss {name}: not mse, cross_entropy or a function of the notebook")
+        return loss
 
     def _chosen_profile(self, name: str | None) -> ModelProfile:
         if name is None:
@@ -180,7 +278,7 @@ class PipelineMagics(Magics):
                 raise UsageError("profile a model first: %pipeline profile MODEL SAMPLE")
             return self.last_profile
         value = self.shell.user_ns.get(name) if self.shell is not None else None
-        if isinstance(value, Report):
+        if isinstance(value, Report) and value.profile is not None:
             return value.profile
         if isinstance(value, ModelProfile):
             return value
