@@ -4,6 +4,7 @@ of a fleet: the slow test at the end.)"""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,49 @@ async def test_dataload_magic_in_a_fleet_kernel(fleet: Any, cache_name: str) -> 
         dropped = await client.execute(f"cached.close()\n%dataload cache --drop {cache_name}")
         assert dropped.reply["status"] == "ok", dropped.reply
         assert not drop_cache(cache_name)  # gone already
+    finally:
+        client.close()
+        fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+PEER = """
+import json, sys, torch
+from kernelfleet.tools.dataload.coordinate import coordinate
+from kernelfleet.tools.dataload.synthetic import SyntheticDataset
+loader = torch.utils.data.DataLoader(SyntheticDataset(24, item_bytes=32), batch_size=4,
+                                     shuffle=True, generator=torch.Generator().manual_seed(7))
+with coordinate(loader, sys.argv[1], consumers=2) as batches:
+    print(json.dumps([labels.tolist() for _, labels in batches]))
+"""
+
+
+@pytest.mark.slow
+async def test_dataload_coordinate_in_a_fleet_kernel(fleet: Any) -> None:
+    """The kernel and a second consumer on its host (a process of the kernel's own user: kernels
+    that run as per-kernel users cannot share a group, docs/dataload.md) get one sequence of
+    batches, each prepared once."""
+    group = f"live-{uuid.uuid4().hex[:8]}"
+    kernel_id = fleet.start_kernel()
+    client = await fleet.connect(kernel_id)
+    try:
+        setup = await client.execute(
+            "import subprocess, sys, json, torch\n"
+            "from kernelfleet.tools.dataload.synthetic import SyntheticDataset\n"
+            "loader = torch.utils.data.DataLoader(SyntheticDataset(24, item_bytes=32),\n"
+            "    batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(7))\n"
+            f"peer = subprocess.Popen([sys.executable, '-c', {PEER!r}, {group!r}],\n"
+            "                        stdout=subprocess.PIPE, text=True)"
+        )
+        assert setup.reply["status"] == "ok", setup.reply
+        consumed = await client.execute(
+            f"batches = %dataload coordinate loader --group {group} --consumers 2\n"
+            "mine = [labels.tolist() for _, labels in batches]\n"
+            "theirs = json.loads(peer.communicate(timeout=90)[0])\n"
+            "(mine == theirs, len(mine), batches.stats.items_prepared)"
+        )
+        assert result_text(consumed) == "(True, 6, 24)", consumed.reply
+        bad = await client.execute("%dataload coordinate loader --group g --consumers 0")
+        assert bad.reply["ename"] == "UsageError"
     finally:
         client.close()
         fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
