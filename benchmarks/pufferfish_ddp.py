@@ -35,6 +35,7 @@ machine it moves the times.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -137,6 +138,12 @@ def run_mode(mode: str, options: argparse.Namespace, rank: int) -> tuple[list[fl
             times.append(elapsed.item())
             sent.append(counter.bytes + collectives.bytes)
     powersgd.dist = dist  # type: ignore[assignment]
+    # Both ranks drop this mode's DDP reducer (and its hook's futures) together, before the next
+    # mode's DDP starts collectives or the process group ends: a reducer collected later, at
+    # exit, can abort the process.
+    dist.barrier()
+    del model, optimizer
+    gc.collect()
     return times, sent
 
 
@@ -170,6 +177,8 @@ def worker(rank: int, folder: str, options: argparse.Namespace) -> None:
             payload = statistics.median(found[mode]["bytes"]) // 4
             found[mode]["allreduce_alone_s"] = [time_allreduce(int(payload))]
     finally:
+        gc.collect()  # every DDP reducer goes before its process group
+        dist.barrier()
         dist.destroy_process_group()
     if rank == 0:
         Path(folder, "found.json").write_text(json.dumps(found))

@@ -6,6 +6,7 @@ cheap; benchmarks/pufferfish_ddp.py does the same for ResNet-18.)"""
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -86,7 +87,10 @@ def worker(rank: int, folder: str) -> None:
         warmup.epoch_end()
         after = counted_steps(DistributedDataParallel(warmup.model), rank, 1)
         found["warmup"] = before + after
+        del ddp, warmup
     finally:
+        gc.collect()  # every DDP reducer goes before its process group
+        dist.barrier()
         dist.destroy_process_group()
     Path(folder, f"rank{rank}.json").write_text(json.dumps(found))
 
