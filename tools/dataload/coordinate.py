@@ -36,6 +36,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -125,20 +126,24 @@ def _connect(group: str) -> socket.socket | None:
     return sock
 
 
+_BY_VALUE_LOCK = threading.Lock()
+
+
 def _pickle(loader: DataLoader[Any]) -> bytes:
     """The loader for the producer: cloudpickle sends what a notebook (``__main__``) defined by
     value; so here is what the main script of a spawned process (``__mp_main__``) defined, which
     the producer could not import by that name."""
     spawned_main = sys.modules.get("__mp_main__")
-    if spawned_main is not None:
-        cloudpickle.register_pickle_by_value(spawned_main)
-    try:
-        return cloudpickle.dumps(loader)
-    except Exception as error:
-        raise TypeError(f"this loader cannot be sent to the producer: {error}") from error
-    finally:
+    with _BY_VALUE_LOCK:  # the registration is process-wide: one thread at a time
         if spawned_main is not None:
-            cloudpickle.unregister_pickle_by_value(spawned_main)
+            cloudpickle.register_pickle_by_value(spawned_main)
+        try:
+            return cloudpickle.dumps(loader)
+        except Exception as error:
+            raise TypeError(f"this loader cannot be sent to the producer: {error}") from error
+        finally:
+            if spawned_main is not None:
+                cloudpickle.unregister_pickle_by_value(spawned_main)
 
 
 def _start_coordinator(loader: DataLoader[Any], group: str, consumers: int, timeout: float) -> None:

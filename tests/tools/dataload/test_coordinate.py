@@ -201,7 +201,7 @@ def test_a_differing_loader_is_refused(tmp_path: Path) -> None:
         lambda: coordinate(other, group, consumers=2, timeout=2),
     )
     messages = sorted(str(result) for result in results)
-    assert all(isinstance(result, CoordinationError) for result in results)
+    assert all(isinstance(result, CoordinationError) for result in results), results
     assert "only 1 of 2 consumers joined" in messages[0]
     assert f"this loader differs from group {group}'s: batch_size" in messages[1]
 
