@@ -77,6 +77,7 @@ COLUMNS = (
     ("GPU-h prov", "{:,.0f}"),
     ("GPU-h commit", "{:,.0f}"),
     ("GPU-h busy", "{:,.0f}"),
+    ("saving %", "{}"),
     ("delay p50 s", "{:.1f}"),
     ("p95 s", "{:.1f}"),
     ("p99 s", "{:.1f}"),
@@ -91,8 +92,25 @@ COLUMNS = (
 )
 
 
+def floor_text(results: dict[str, PolicyResult]) -> str:
+    """The floor, and what the saving share ("saving %" in the table) is measured against."""
+    first = next(iter(results.values()), None)
+    if first is None:
+        return ""
+    text = (
+        f"Floor: {first.gpu_hours_floor:,.0f} busy GPU-hours (what the cells hold; no policy "
+        "provisions less). "
+    )
+    if first.gpu_hours_reservation is None:
+        return text + "No reservation figure: no saving share."
+    return text + (
+        "saving % = (reservation - policy) / (reservation - floor) in provisioned GPU-hours, "
+        f"against {first.gpu_hours_reservation:,.0f} from {first.reservation_source}."
+    )
+
+
 def results_table(results: dict[str, PolicyResult]) -> str:
-    """A plain-text table, one row per policy."""
+    """A plain-text table, one row per policy; "saving %" is "-" where there is no share."""
     rows = [[title for title, _ in COLUMNS]]
     for name, r in results.items():
         delay = r.start_delay()
@@ -101,6 +119,7 @@ def results_table(results: dict[str, PolicyResult]) -> str:
             r.gpu_hours_provisioned,
             r.gpu_hours_committed,
             r.gpu_hours_busy,
+            "-" if r.saving_share is None else f"{100 * r.saving_share:.0f}",
             delay["p50"],
             delay["p95"],
             delay["p99"],
