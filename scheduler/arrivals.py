@@ -22,19 +22,25 @@ class ArrivalWindow:
         self._cells: deque[tuple[float, int]] = deque()
         self._gpus = 0
         self._gpus_squared = 0
+        self._latest: tuple[float, ArrivalStats] | None = None  # stats asked for at a time
 
     def add(self, now: float, gpus: int) -> None:
         """A cell needing `gpus` GPUs was submitted at `now`."""
         self._cells.append((now, gpus))
         self._gpus += gpus
         self._gpus_squared += gpus * gpus
+        self._latest = None
 
     def stats(self, now: float) -> ArrivalStats:
         """The cells submitted in ``(now - window_s, now]``."""
+        if self._latest is not None and self._latest[0] == now:
+            return self._latest[1]
         horizon = now - self.window_s
         cells = self._cells
         while cells and cells[0][0] <= horizon:
             _, gpus = cells.popleft()
             self._gpus -= gpus
             self._gpus_squared -= gpus * gpus
-        return ArrivalStats(self.window_s, len(cells), self._gpus, self._gpus_squared)
+        stats = ArrivalStats(self.window_s, len(cells), self._gpus, self._gpus_squared)
+        self._latest = (now, stats)
+        return stats

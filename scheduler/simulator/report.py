@@ -69,7 +69,25 @@ def policy_assumptions_text(policy: Policy) -> str:
         f"host(s), {scaling['min_hosts']}-{scaling['max_hosts'] or 'any'} hosts, "
         f"at most {scaling['max_scale_in']} released a round, "
         f"{'counting' if scaling['count_waiting'] else 'not counting'} queued GPUs"
+        + _steadiness_text(scaling)
     )
+
+
+def _steadiness_text(scaling: dict[str, Any]) -> str:
+    """The anti-flapping knobs that are on, as a clause; "" with all off (NotebookOS's rule)."""
+    parts = []
+    if scaling["scale_in_headroom"]:
+        parts.append(f"scale-in only above headroom {scaling['scale_in_headroom']:g}")
+    if scaling["scale_in_idle_s"]:
+        parts.append(f"a host released after {scaling['scale_in_idle_s']:g} s idle")
+    if scaling["min_host_lifetime_s"]:
+        parts.append(f"and {scaling['min_host_lifetime_s']:g} s up")
+    if scaling["warm_quantile"]:
+        parts.append(
+            f"warm GPUs for arrivals within {scaling['warm_lead_s']:g} s "
+            f"at the {scaling['warm_quantile']:g} quantile"
+        )
+    return "; " + ", ".join(parts) if parts else ""
 
 
 COLUMNS = (
