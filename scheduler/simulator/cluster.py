@@ -70,6 +70,7 @@ class Cluster:
         self.pending = 0
         self.version = 0
         self.now = 0.0
+        self._committed = 0
         self._next_host = 0
         self._snapshot_hosts: tuple[HostSnapshot, ...] | None = None
 
@@ -93,13 +94,15 @@ class Cluster:
 
     @property
     def committed(self) -> int:
-        return sum(host.committed for host in self.hosts.values())
+        """GPUs committed on all hosts (kept as a running total: it is read at every event)."""
+        return self._committed
 
     def commit(self, host_id: str, gpus: int) -> None:
         host = self.hosts[host_id]
         if host.committed + gpus > host.gpus:
             raise LedgerError(f"host {host_id}: {host.committed}+{gpus} > {host.gpus} GPUs")
         host.committed += gpus
+        self._committed += gpus
         self._changed(host)
 
     def release(self, host_id: str, gpus: int) -> None:
@@ -107,6 +110,7 @@ class Cluster:
         if gpus > host.committed:
             raise LedgerError(f"host {host_id}: releasing {gpus} of {host.committed} GPUs")
         host.committed -= gpus
+        self._committed -= gpus
         if host.committed == 0:
             host.idle_since = self.now
         self._changed(host)
