@@ -190,6 +190,17 @@ class GatewayApp(Application):
         1.05, config=True, help="Hosts wanted: ceil(demand GPUs * headroom / host size) + buffer."
     )
     autoscale_buffer_hosts = Int(1, config=True, help="Idle hosts kept beyond the demand.")
+    autoscale_scale_in_headroom = Float(
+        0.0,
+        config=True,
+        help="Release hosts only above the target under this headroom (0: autoscale_headroom).",
+    )
+    autoscale_scale_in_idle = Float(
+        0.0, config=True, help="Seconds a host must hold no committed GPU before it is released."
+    )
+    autoscale_min_host_lifetime = Float(
+        0.0, config=True, help="Seconds a host must be up before it is released."
+    )
     job_policy = Unicode(
         "max_min_fairness",
         config=True,
@@ -403,6 +414,9 @@ class GatewayApp(Application):
         return AutoscaleConfig(
             headroom=self.autoscale_headroom,
             buffer_hosts=self.autoscale_buffer_hosts,
+            scale_in_headroom=self.autoscale_scale_in_headroom,
+            scale_in_idle_s=self.autoscale_scale_in_idle,
+            min_host_lifetime_s=self.autoscale_min_host_lifetime,
             min_hosts=self.min_hosts or self.replicas,
             max_hosts=self.max_hosts,
         )

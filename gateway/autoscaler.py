@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from kernelfleet.gateway.host_provider import HostProvider
 from kernelfleet.gateway.metrics import FleetMetrics
 from kernelfleet.scheduler.decisions import AutoscaleDecision, Hold, ScaleIn, ScaleOut
 from kernelfleet.scheduler.policy import Policy
-from kernelfleet.scheduler.snapshot import FleetSnapshot
+from kernelfleet.scheduler.snapshot import FleetSnapshot, HostSnapshot
 
 log = logging.getLogger("kernelfleet.gateway.autoscaler")
 
@@ -101,19 +102,44 @@ class Autoscaler:
         self._lock = asyncio.Lock()
         self._last_action: float | None = None
         self._streak: tuple[type, int] = (Hold, 0)
+        self._first_seen: dict[str, float] = {}
+        self._idle_since: dict[str, float] = {}
         self.last_round: AutoscaleRound | None = None
         """The latest round that decided anything but `Hold`."""
 
     def snapshot(self) -> FleetSnapshot:
         """The caller's snapshot, completed with what only the autoscaler knows: hosts it is
-        adding (pending), hosts it stopped (dead) and the size of a new host."""
+        adding (pending), hosts it stopped (dead), the size of a new host, and its clock with
+        each host's age and idle time as these rounds saw them (`_dated`)."""
         snapshot = self._snapshot()
         pending = self.pending({host.id for host in snapshot.hosts if host.alive})
+        now = self._clock()
         return dataclasses.replace(
             snapshot,
+            hosts=self._dated(snapshot.hosts, now),
+            now=now,
             hosts_pending=max(snapshot.hosts_pending, pending),
             gpus_per_host=snapshot.gpus_per_host or self.provider.gpus_per_host,
         )
+
+    def _dated(self, hosts: tuple[HostSnapshot, ...], now: float) -> tuple[HostSnapshot, ...]:
+        """`hosts` with ``started_at`` (when a round first saw the host) and ``idle_since`` (when
+        a round first saw it with no committed GPU) where the caller left them unknown: the
+        rule's idle time and minimum lifetime (`AutoscaleConfig`) count from there."""
+        seen = {host.id for host in hosts}
+        for forgotten in set(self._first_seen) - seen:
+            del self._first_seen[forgotten]
+            self._idle_since.pop(forgotten, None)
+        dated = []
+        for host in hosts:
+            started = self._first_seen.setdefault(host.id, now)
+            if host.gpus_committed:
+                self._idle_since.pop(host.id, None)
+            idle = self._idle_since.setdefault(host.id, now) if not host.gpus_committed else now
+            if host.started_at == -math.inf and host.idle_since == -math.inf:
+                host = dataclasses.replace(host, started_at=started, idle_since=idle)
+            dated.append(host)
+        return tuple(dated)
 
     def model(self) -> dict[str, Any]:
         """What the admin API shows of the autoscaler: its limits, the hosts it runs, and its

@@ -6,6 +6,7 @@ gateway's placement) keep working unchanged.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -19,7 +20,9 @@ class HostSnapshot:
     ``gpus_committed`` counts GPUs bound to a running cell (or, for a reserving policy, to a
     session). ``free_gpu_speeds``: the relative speeds of the GPUs no cell holds, fastest first
     (1.0: a typical GPU of its type); empty when the caller does not know them (the simulator),
-    which `free_speed` takes for 1.0.
+    which `free_speed` takes for 1.0. ``started_at``: when the host came up; ``idle_since``:
+    when its last committed GPU was released (meaningful only while none is committed); both on
+    the snapshot's clock, and -inf (up and idle since forever) when the caller does not know.
     """
 
     id: str
@@ -29,6 +32,8 @@ class HostSnapshot:
     replicas: int = 0
     alive: bool = True
     free_gpu_speeds: tuple[float, ...] = ()
+    started_at: float = -math.inf
+    idle_since: float = -math.inf
 
     def free_speed(self, gpus: int) -> float:
         """How fast a cell needing `gpus` GPUs would run here: the slowest of the `gpus`
@@ -63,6 +68,26 @@ class KernelSnapshot:
 
 
 @dataclass(frozen=True)
+class ArrivalStats:
+    """The cells that arrived in the last ``window_s`` seconds: how many, the sum of their GPU
+    needs and the sum of the squares of those needs (the moments the warm target needs)."""
+
+    window_s: float = 0.0
+    cells: int = 0
+    gpus: int = 0
+    gpus_squared: int = 0
+
+    @property
+    def rate(self) -> float:
+        """Cells per second; 0 over an empty window."""
+        return self.cells / self.window_s if self.window_s > 0 else 0.0
+
+
+NO_ARRIVALS = ArrivalStats()
+"""No arrival counted: the snapshot of a caller that does not count them."""
+
+
+@dataclass(frozen=True)
 class FleetSnapshot:
     """Every host, at time ``now`` (seconds on whatever clock the caller runs).
 
@@ -72,7 +97,8 @@ class FleetSnapshot:
     they give the cluster subscription ratio. ``hosts_pending`` counts hosts asked for but not
     yet up; ``gpus_waiting`` the GPUs of cells and sessions queued for capacity.
     ``gpus_per_host`` is the size of a host the autoscaler would add; 0 when none will be added
-    (then sizes are those of the alive hosts).
+    (then sizes are those of the alive hosts). ``arrivals``: the recent cell arrivals the
+    caller counted (none by default: then the autoscaler keeps no warm capacity).
     """
 
     hosts: tuple[HostSnapshot, ...]
@@ -83,6 +109,7 @@ class FleetSnapshot:
     demand_gpus: float = 0.0
     busy_gpus: float = 0.0
     gpus_waiting: int = 0
+    arrivals: ArrivalStats = NO_ARRIVALS
     _index: dict[str, HostSnapshot] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )

@@ -28,6 +28,7 @@ from kernelfleet.scheduler.simulator.plot import plot, require_matplotlib
 from kernelfleet.scheduler.simulator.report import (
     as_document,
     assumptions_text,
+    floor_text,
     resolve_policy,
     results_table,
 )
@@ -88,6 +89,12 @@ class SimulateApp(Application):
     autoscale_buffer_hosts = _model_trait("autoscale_buffer_hosts")
     max_scale_in = _model_trait("max_scale_in")
     count_waiting_gpus = _model_trait("count_waiting_gpus")
+    scale_in_headroom = _model_trait("scale_in_headroom")
+    scale_in_idle_s = _model_trait("scale_in_idle_s")
+    min_host_lifetime_s = _model_trait("min_host_lifetime_s")
+    warm_quantile = _model_trait("warm_quantile")
+    warm_lead_s = _model_trait("warm_lead_s")
+    arrival_window_s = _model_trait("arrival_window_s")
     migration_cost_s = _model_trait("migration_cost_s")
     container_start_s = _model_trait("container_start_s")
     state_load_s = _model_trait("state_load_s")
@@ -128,10 +135,11 @@ class SimulateApp(Application):
         )
         print(assumptions_text(config, policies))
         started = time.monotonic()
-        results = simulate(trace, policies, config, self._progress_line())
+        results = simulate(trace, policies, config, self._progress_line(), reference=True)
         elapsed = time.monotonic() - started
         if self.progress:
             print(file=sys.stderr)
+        print(floor_text(results))
         print(results_table(results))
         for result in results.values():
             if result.rejected_events:

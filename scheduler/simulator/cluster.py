@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kernelfleet.scheduler.snapshot import FleetSnapshot, HostSnapshot, KernelSnapshot
+from kernelfleet.scheduler.snapshot import (
+    NO_ARRIVALS,
+    ArrivalStats,
+    FleetSnapshot,
+    HostSnapshot,
+    KernelSnapshot,
+)
 
 
 class LedgerError(RuntimeError):
@@ -23,12 +29,20 @@ class SimHost:
     subscribed: int = 0
     committed: int = 0
     kernels: set[str] = field(default_factory=set)
+    started_at: float = 0.0
+    idle_since: float = 0.0  # when `committed` last fell to 0
     _snapshot: HostSnapshot | None = None
 
     def snapshot(self) -> HostSnapshot:
         if self._snapshot is None:
             self._snapshot = HostSnapshot(
-                self.id, self.gpus, self.subscribed, self.committed, len(self.kernels)
+                self.id,
+                self.gpus,
+                self.subscribed,
+                self.committed,
+                len(self.kernels),
+                started_at=self.started_at,
+                idle_since=self.idle_since,
             )
         return self._snapshot
 
@@ -46,7 +60,8 @@ class SimKernel:
 
 
 class Cluster:
-    """Hosts by id (alive ones only), kernels by id, hosts being added, and a change counter."""
+    """Hosts by id (alive ones only), kernels by id, hosts being added, and a change counter.
+    ``now`` is the engine's clock, which dates hosts' starts and idle periods."""
 
     def __init__(self, gpus_per_host: int) -> None:
         self.gpus_per_host = gpus_per_host
@@ -54,6 +69,8 @@ class Cluster:
         self.kernels: dict[str, SimKernel] = {}
         self.pending = 0
         self.version = 0
+        self.now = 0.0
+        self._committed = 0
         self._next_host = 0
         self._snapshot_hosts: tuple[HostSnapshot, ...] | None = None
 
@@ -61,7 +78,9 @@ class Cluster:
 
     def add_host(self) -> SimHost:
         self._next_host += 1
-        host = SimHost(f"h{self._next_host}", self.gpus_per_host)
+        host = SimHost(
+            f"h{self._next_host}", self.gpus_per_host, started_at=self.now, idle_since=self.now
+        )
         self.hosts[host.id] = host
         self._changed(None)
         return host
@@ -75,13 +94,15 @@ class Cluster:
 
     @property
     def committed(self) -> int:
-        return sum(host.committed for host in self.hosts.values())
+        """GPUs committed on all hosts (kept as a running total: it is read at every event)."""
+        return self._committed
 
     def commit(self, host_id: str, gpus: int) -> None:
         host = self.hosts[host_id]
         if host.committed + gpus > host.gpus:
             raise LedgerError(f"host {host_id}: {host.committed}+{gpus} > {host.gpus} GPUs")
         host.committed += gpus
+        self._committed += gpus
         self._changed(host)
 
     def release(self, host_id: str, gpus: int) -> None:
@@ -89,6 +110,9 @@ class Cluster:
         if gpus > host.committed:
             raise LedgerError(f"host {host_id}: releasing {gpus} of {host.committed} GPUs")
         host.committed -= gpus
+        self._committed -= gpus
+        if host.committed == 0:
+            host.idle_since = self.now
         self._changed(host)
 
     # ---- kernels and replicas ------------------------------------------------------------
@@ -127,7 +151,14 @@ class Cluster:
 
     # ---- snapshots -----------------------------------------------------------------------
 
-    def snapshot(self, now: float, demand: float, busy: float, waiting: int) -> FleetSnapshot:
+    def snapshot(
+        self,
+        now: float,
+        demand: float,
+        busy: float,
+        waiting: int,
+        arrivals: ArrivalStats = NO_ARRIVALS,
+    ) -> FleetSnapshot:
         """The fleet as policies see it; host snapshots are rebuilt only where changed."""
         if self._snapshot_hosts is None:
             self._snapshot_hosts = tuple(host.snapshot() for host in self.hosts.values())
@@ -139,6 +170,7 @@ class Cluster:
             demand_gpus=demand,
             busy_gpus=busy,
             gpus_waiting=waiting,
+            arrivals=arrivals,
         )
 
     def _changed(self, host: SimHost | None) -> None:

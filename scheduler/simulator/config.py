@@ -26,6 +26,15 @@ EXPLANATIONS = {
     "autoscale_buffer_hosts": "hosts added to the scale-out target",
     "max_scale_in": "most fully idle hosts released per autoscaling round",
     "count_waiting_gpus": "queued requests' GPUs count as committed in the target",
+    "scale_in_headroom": "scale in only above the target under this headroom (0: the same as "
+    "autoscale_headroom; docs/economics.md)",
+    "scale_in_idle_s": "a host is released only after this long with no committed GPU",
+    "min_host_lifetime_s": "a host is released only after this long up",
+    "warm_quantile": "keep idle the GPUs that cells arriving within warm_lead_s need at this "
+    "quantile (0: no warm capacity)",
+    "warm_lead_s": "the lead time the warm capacity covers (0: scale_out_delay_s + "
+    "autoscale_interval_s)",
+    "arrival_window_s": "moving window of the cell arrival rate behind the warm capacity",
     "migration_cost_s": "a replica migration's delay on the migrating cell's critical path",
     "container_start_s": "fcfs-batch: starting a fresh container for a cell",
     "state_load_s": "fcfs-batch: loading the kernel's state before a cell (GPUs held)",
@@ -51,6 +60,12 @@ class SimulationConfig:
     autoscale_buffer_hosts: int = 1
     max_scale_in: int = 2
     count_waiting_gpus: bool = True
+    scale_in_headroom: float = 0.0
+    scale_in_idle_s: float = 0.0
+    min_host_lifetime_s: float = 0.0
+    warm_quantile: float = 0.0
+    warm_lead_s: float = 0.0
+    arrival_window_s: float = 900.0
     migration_cost_s: float = 10.0
     container_start_s: float = 5.0
     state_load_s: float = 10.0
@@ -68,6 +83,8 @@ class SimulationConfig:
             raise InvalidRequest("simulation parameter gpus_per_host must be >= 1")
         if self.autoscale_interval_s <= 0:
             raise InvalidRequest("simulation parameter autoscale_interval_s must be > 0")
+        if self.arrival_window_s <= 0:
+            raise InvalidRequest("simulation parameter arrival_window_s must be > 0")
         if self.max_hosts and self.max_hosts < self.hosts:
             raise InvalidRequest(f"max_hosts {self.max_hosts} is below hosts {self.hosts}")
 
@@ -84,6 +101,11 @@ class SimulationConfig:
             min_hosts=self.hosts,
             max_hosts=self.max_hosts,
             count_waiting=self.count_waiting_gpus,
+            scale_in_headroom=self.scale_in_headroom,
+            scale_in_idle_s=self.scale_in_idle_s,
+            min_host_lifetime_s=self.min_host_lifetime_s,
+            warm_quantile=self.warm_quantile,
+            warm_lead_s=self.warm_lead_s or self.scale_out_delay_s + self.autoscale_interval_s,
         )
 
 

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kernelfleet.scheduler.arrivals import ArrivalWindow
 from kernelfleet.scheduler.decisions import (
     Migrate,
     Placement,
@@ -28,7 +29,7 @@ from kernelfleet.scheduler.decisions import (
     ScaleIn,
     ScaleOut,
 )
-from kernelfleet.scheduler.policies import migration_target
+from kernelfleet.scheduler.policies import AutoscalingPolicy, migration_target
 from kernelfleet.scheduler.policy import (
     ExecuteRequest,
     GpuBinding,
@@ -40,7 +41,7 @@ from kernelfleet.scheduler.simulator.cluster import Cluster, LedgerError, SimKer
 from kernelfleet.scheduler.simulator.config import SimulationConfig, policy_assumptions
 from kernelfleet.scheduler.simulator.metrics import Gauge, PolicyResult
 from kernelfleet.scheduler.simulator.sessions import SessionState, SimSession
-from kernelfleet.scheduler.snapshot import FleetSnapshot
+from kernelfleet.scheduler.snapshot import NO_ARRIVALS, FleetSnapshot
 from kernelfleet.scheduler.trace import Trace
 from kernelfleet.scheduler.usage import UsageWindow
 from kernelfleet.scheduler.waiting import held_for_elders
@@ -110,11 +111,20 @@ class Simulation:
         self._remaining = len(self.sessions)
         self._window = UsageWindow.spanning(config.ratio_window_s, config.autoscale_interval_s)
         self._ratio_inputs = (0.0, 0.0)
+        self._arrivals = ArrivalWindow(config.arrival_window_s)
         self._quiet_version = -1
+        # a rule that reads the clock (idle times, host ages, the arrival rate) may change its
+        # answer on a fleet that did not change, so it is asked every round
+        scaling = policy.autoscaling if isinstance(policy, AutoscalingPolicy) else None
+        self._rule_reads_clock = scaling is not None and bool(
+            scaling.scale_in_idle_s or scaling.min_host_lifetime_s or scaling.warm_quantile
+        )
+        self._counts_arrivals = scaling is not None and scaling.warm_quantile > 0
 
     # ---- the loop ------------------------------------------------------------------------
 
     def run(self) -> PolicyResult:
+        self.cluster.now = self.now
         for _ in range(self.config.hosts):
             self.cluster.add_host()
         self._set_gauges()
@@ -126,7 +136,7 @@ class Simulation:
         handled = 0
         while self._heap and self._remaining > 0:
             time, kind, _, a, b = heapq.heappop(self._heap)
-            self.now = time
+            self.now = self.cluster.now = time
             self._handle(Event(kind), a, b)
             self._set_gauges()
             handled += 1
@@ -207,6 +217,8 @@ class Simulation:
         """A cell arrives; it counts from its intended submit time even when the kernel's
         admission made it late."""
         since = min(self.now, session.next_submit)
+        if self._counts_arrivals:
+            self._arrivals.add(self.now, session.kernel.gpus)
         if not self._try_cell(session, index, since, self._waiting):
             self._waiting.append(_Waiting(session, index, since))
 
@@ -327,7 +339,7 @@ class Simulation:
         subscribed = sum(host.subscribed for host in self.cluster.hosts.values())
         self._window.add(float(subscribed), self.busy.value)
         self._ratio_inputs = (self._window.demand, self._window.busy)
-        if self.cluster.version != self._quiet_version or self._waiting:
+        if self._rule_reads_clock or self.cluster.version != self._quiet_version or self._waiting:
             decision = self.policy.autoscale(self._snapshot())
             if isinstance(decision, ScaleOut):
                 self._provision(decision.hosts)
@@ -360,7 +372,8 @@ class Simulation:
     def _snapshot(self) -> FleetSnapshot:
         waiting = sum(item.session.kernel.gpus for item in self._waiting)
         demand, busy = self._ratio_inputs
-        return self.cluster.snapshot(self.now, demand, busy, waiting)
+        arrivals = self._arrivals.stats(self.now) if self._counts_arrivals else NO_ARRIVALS
+        return self.cluster.snapshot(self.now, demand, busy, waiting, arrivals)
 
     def _set_gauges(self) -> None:
         alive = len(self.cluster.hosts)

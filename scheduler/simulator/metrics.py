@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernelfleet.scheduler.simulator.floor import saving_share
+
 
 class Gauge:
     """A value that changes at instants; integrates value * time and keeps its history."""
@@ -60,6 +62,9 @@ class PolicyResult:
     gpu_hours_committed: float = 0.0
     gpu_hours_busy: float = 0.0
     peak_hosts: int = 0
+    gpu_hours_floor: float = 0.0  # the trace's busy GPU-hours (`floor.busy_floor_gpu_hours`)
+    gpu_hours_reservation: float | None = None  # the baseline of `saving_share`, if known
+    reservation_source: str = ""  # where that baseline comes from, in words
     delays_s: list[float] = field(default_factory=list)
     provisioned_history: list[tuple[float, float]] = field(default_factory=list)
     busy_history: list[tuple[float, float]] = field(default_factory=list)
@@ -75,7 +80,20 @@ class PolicyResult:
         ordered = sorted(self.delays_s)
         return {f"p{q}": round(percentile(ordered, q), 3) for q in (50, 95, 99)}
 
+    @property
+    def saving_share(self) -> float | None:
+        """This policy's share of the possible saving (`floor.saving_share`); None when the
+        reservation baseline is unknown or not above the floor."""
+        if self.gpu_hours_reservation is None:
+            return None
+        return saving_share(
+            self.gpu_hours_provisioned, self.gpu_hours_reservation, self.gpu_hours_floor
+        )
+
     def as_json(self) -> dict[str, Any]:
+        """The documented fields; those since the floor was added come last."""
+        share = self.saving_share
+        reservation = self.gpu_hours_reservation
         return {
             "gpu_hours_provisioned": round(self.gpu_hours_provisioned, 3),
             "gpu_hours_committed": round(self.gpu_hours_committed, 3),
@@ -84,4 +102,8 @@ class PolicyResult:
             "scale_outs": self.scale_outs,
             "scale_ins": self.scale_ins,
             "events": self.events,
+            "gpu_hours_busy": round(self.gpu_hours_busy, 3),
+            "gpu_hours_floor": round(self.gpu_hours_floor, 3),
+            "gpu_hours_reservation": None if reservation is None else round(reservation, 3),
+            "saving_share": None if share is None else round(share, 4),
         }

@@ -1,8 +1,10 @@
-"""``--plot``: provisioned vs busy GPUs over time per policy, and the start-delay CDFs."""
+"""``--plot``: provisioned vs busy GPUs over time per policy, the start-delay CDFs, and the
+cost/delay trade-off (provisioned GPU-hours against p95 start delay, one point per policy)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.scheduler.simulator.metrics import PolicyResult
@@ -23,11 +25,13 @@ def require_matplotlib() -> None:
 
 
 def plot(results: dict[str, PolicyResult], path: str | Path) -> None:
-    """Write a PNG with one time panel per policy and one CDF panel; matplotlib is optional."""
+    """Write a PNG with one time panel per policy, a CDF panel and a trade-off panel;
+    matplotlib is optional."""
     require_matplotlib()
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(len(results) + 1, 1, figsize=(11, 3 * (len(results) + 1)))
+    panels = len(results) + 2
+    figure, axes = plt.subplots(panels, 1, figsize=(11, 3 * panels))
     for axis, (name, result) in zip(axes, results.items(), strict=False):
         for label, history in (
             ("provisioned GPUs", result.provisioned_history),
@@ -39,7 +43,7 @@ def plot(results: dict[str, PolicyResult], path: str | Path) -> None:
         axis.set_xlabel("hours since the trace starts")
         axis.set_ylabel("GPUs")
         axis.legend(loc="upper right")
-    cdf = axes[-1]
+    cdf = axes[-2]
     for name, result in results.items():
         delays = sorted(result.delays_s)
         if delays:
@@ -49,6 +53,7 @@ def plot(results: dict[str, PolicyResult], path: str | Path) -> None:
     cdf.set_xlabel("cell start delay, s")
     cdf.set_ylabel("fraction of cells")
     cdf.legend(loc="lower right")
+    _trade_off(axes[-1], results)
     figure.tight_layout()
     figure.savefig(str(path), dpi=120)
     plt.close(figure)
@@ -67,3 +72,20 @@ def _thin(history: list[tuple[float, float]]) -> tuple[list[float], list[float]]
         times.append((bucket[0][0] - start) / 3600)
         values.append(max(v for _, v in bucket))
     return times, values
+
+
+def _trade_off(axis: Any, results: dict[str, PolicyResult]) -> None:
+    """Provisioned GPU-hours against p95 start delay, one point per policy (in the legend), with the
+    floor and the reservation baseline as vertical lines where known."""
+    for name, result in results.items():
+        p95 = result.start_delay()["p95"]
+        axis.scatter([result.gpu_hours_provisioned], [p95], label=name)
+    first = next(iter(results.values()), None)
+    if first is not None and first.gpu_hours_floor > 0:
+        axis.axvline(first.gpu_hours_floor, linestyle=":", color="grey", label="floor (busy)")
+    if first is not None and first.gpu_hours_reservation is not None:
+        axis.axvline(first.gpu_hours_reservation, linestyle="--", color="grey", label="reservation")
+    axis.set_xlabel("provisioned GPU-hours")
+    axis.set_ylabel("start delay p95, s")
+    axis.set_title("cost against delay")
+    axis.legend(loc="upper right")

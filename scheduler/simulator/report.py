@@ -69,7 +69,25 @@ def policy_assumptions_text(policy: Policy) -> str:
         f"host(s), {scaling['min_hosts']}-{scaling['max_hosts'] or 'any'} hosts, "
         f"at most {scaling['max_scale_in']} released a round, "
         f"{'counting' if scaling['count_waiting'] else 'not counting'} queued GPUs"
+        + _steadiness_text(scaling)
     )
+
+
+def _steadiness_text(scaling: dict[str, Any]) -> str:
+    """The anti-flapping knobs that are on, as a clause; "" with all off (NotebookOS's rule)."""
+    parts = []
+    if scaling["scale_in_headroom"]:
+        parts.append(f"scale-in only above headroom {scaling['scale_in_headroom']:g}")
+    if scaling["scale_in_idle_s"]:
+        parts.append(f"a host released after {scaling['scale_in_idle_s']:g} s idle")
+    if scaling["min_host_lifetime_s"]:
+        parts.append(f"and {scaling['min_host_lifetime_s']:g} s up")
+    if scaling["warm_quantile"]:
+        parts.append(
+            f"warm GPUs for arrivals within {scaling['warm_lead_s']:g} s "
+            f"at the {scaling['warm_quantile']:g} quantile"
+        )
+    return "; " + ", ".join(parts) if parts else ""
 
 
 COLUMNS = (
@@ -77,6 +95,7 @@ COLUMNS = (
     ("GPU-h prov", "{:,.0f}"),
     ("GPU-h commit", "{:,.0f}"),
     ("GPU-h busy", "{:,.0f}"),
+    ("saving %", "{}"),
     ("delay p50 s", "{:.1f}"),
     ("p95 s", "{:.1f}"),
     ("p99 s", "{:.1f}"),
@@ -91,8 +110,25 @@ COLUMNS = (
 )
 
 
+def floor_text(results: dict[str, PolicyResult]) -> str:
+    """The floor, and what the saving share ("saving %" in the table) is measured against."""
+    first = next(iter(results.values()), None)
+    if first is None:
+        return ""
+    text = (
+        f"Floor: {first.gpu_hours_floor:,.0f} busy GPU-hours (what the cells hold; no policy "
+        "provisions less). "
+    )
+    if first.gpu_hours_reservation is None:
+        return text + "No reservation figure: no saving share."
+    return text + (
+        "saving % = (reservation - policy) / (reservation - floor) in provisioned GPU-hours, "
+        f"against {first.gpu_hours_reservation:,.0f} from {first.reservation_source}."
+    )
+
+
 def results_table(results: dict[str, PolicyResult]) -> str:
-    """A plain-text table, one row per policy."""
+    """A plain-text table, one row per policy; "saving %" is "-" where there is no share."""
     rows = [[title for title, _ in COLUMNS]]
     for name, r in results.items():
         delay = r.start_delay()
@@ -101,6 +137,7 @@ def results_table(results: dict[str, PolicyResult]) -> str:
             r.gpu_hours_provisioned,
             r.gpu_hours_committed,
             r.gpu_hours_busy,
+            "-" if r.saving_share is None else f"{100 * r.saving_share:.0f}",
             delay["p50"],
             delay["p95"],
             delay["p99"],

@@ -19,7 +19,12 @@ POLICY_FIELDS = frozenset(
         "events",
     }
 )
-"""The fields of one policy's result in the simulator's JSON, as the README documents them."""
+"""The fields of one policy's result in the simulator's JSON before the floor was added: tools
+outside the project read them, so their names and meanings never change."""
+FLOOR_FIELDS = frozenset(
+    {"gpu_hours_busy", "gpu_hours_floor", "gpu_hours_reservation", "saving_share"}
+)
+"""The fields added with the GPU-hour floor (docs/economics.md)."""
 
 
 @pytest.fixture

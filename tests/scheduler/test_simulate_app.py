@@ -14,7 +14,7 @@ from kernelfleet.scheduler.simulator.app import SimulateApp
 from kernelfleet.scheduler.simulator.config import SimulationConfig
 from kernelfleet.scheduler.simulator.report import resolve_policy
 
-from .conftest import POLICY_FIELDS
+from .conftest import FLOOR_FIELDS, POLICY_FIELDS
 
 HEADER = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
 
@@ -69,7 +69,7 @@ def test_simulate_writes_exactly_the_documented_json(
         )
         assert assumed["autoscaling"]["min_hosts"] == 4
     for result in document["policies"].values():
-        assert set(result) == POLICY_FIELDS
+        assert set(result) == POLICY_FIELDS | FLOOR_FIELDS
         assert set(result["start_delay_s"]) == {"p50", "p95", "p99"}
         assert result["events"] == 4
     printed = capsys.readouterr().out
@@ -156,3 +156,34 @@ def test_june_trace_three_policies_in_a_minute(june_trace: Path, tmp_path: Path)
     assert notebookos["gpu_hours_provisioned"] < reservation["gpu_hours_provisioned"]
     assert notebookos["gpu_hours_committed"] < reservation["gpu_hours_committed"]
     assert reservation["start_delay_s"]["p50"] <= notebookos["start_delay_s"]["p50"]
+
+
+def test_the_floor_share_and_steady_knobs_reach_the_output(
+    small_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out.json"
+    run_app(
+        "--trace",
+        str(small_trace),
+        "--policy",
+        "notebookos",
+        "--json",
+        str(out),
+        "--SimulateApp.scale_in_idle_s=600",
+        "--SimulateApp.warm_quantile=0.9",
+        "--SimulateApp.progress=False",
+    )
+    printed = capsys.readouterr().out
+    assert "Floor: " in printed
+    assert "from a reservation run added as the reference (not listed)" in printed
+    assert "saving %" in printed
+    assert "a host released after 600 s idle" in printed
+    assert "within 90 s at the 0.9 quantile" in printed  # lead: 60 s scale-out + 30 s round
+    document = json.loads(out.read_text(encoding="utf-8"))
+    assert set(document) == {"assumptions", "policies"}
+    result = document["policies"]["notebookos"]
+    assert result["gpu_hours_floor"] == pytest.approx((10 + 5 + 4 * 30 + 8 * 60) / 60, abs=1e-3)
+    assert result["gpu_hours_reservation"] > result["gpu_hours_floor"]
+    assert result["saving_share"] is not None
+    scaling = document["assumptions"]["per_policy"]["notebookos"]["autoscaling"]
+    assert (scaling["scale_in_idle_s"], scaling["warm_lead_s"]) == (600.0, 90.0)
