@@ -8,8 +8,8 @@ the time of day (as sine and cosine), the change of busy over the last step and 
 its mean over the last ``window`` steps, the arrival GPUs over those steps and the change in
 active sessions; level-free, so a busier month than the training part is no extrapolation. The
 forest predicts the change of busy ``horizon`` steps later. The
-baseline predicts the mean busy of the last ``window`` steps. Needs scikit-learn
-(``pip install scikit-learn``); nothing else in kernelfleet does.
+baseline predicts the mean busy of the last ``window`` steps. Needs scikit-learn (the ``tools``
+extra).
 
     python -m kernelfleet.scheduler.demand TRACE [--train-days 7]
 """
@@ -106,7 +106,7 @@ def evaluate(
 ) -> Evaluation:
     """Train on the steps whose target lies within the first `train_days`, score on the later
     ones: the two sets share no step. `InvalidRequest` when either would be too short."""
-    from sklearn.ensemble import RandomForestRegressor  # type: ignore[import-untyped]
+    from sklearn.ensemble import RandomForestRegressor
 
     data = series(trace, step_s)
     split = int(train_days * 86400 // step_s)

@@ -10,8 +10,6 @@ from kernelfleet.scheduler.demand import evaluate, series
 
 from .test_simulator import trace
 
-pytest.importorskip("sklearn")
-
 
 def test_series_by_hand() -> None:
     # a 2-GPU cell from minute 0 to 10 and a 4-GPU cell from minute 5 to 15 (another session),
