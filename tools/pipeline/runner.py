@@ -7,6 +7,11 @@ model defined in the notebook works), the batches and the schedule, and collects
 wall time of every step from the rank that holds the last stage. At the end it loads the trained
 weights back into the caller's model, in place.
 
+A stage with several replicas (``replicas``, from a PipeDream plan) gets one rank per replica,
+and the whole run then goes to the replicated executor (`replicated`: microbatch ``j`` on
+replica ``j mod r`` of each stage, the replicas' gradients summed after the flush); without
+replicas it goes to torch's schedules (`schedules`).
+
 Semantics are synchronous (flush): each step runs every microbatch forward and backward, then
 each worker applies plain SGD (``lr``) to its stages once. With a loss that averages over its
 batch (``mse_loss``, ``cross_entropy``) and microbatches of equal size, one step is exactly the
