@@ -154,7 +154,7 @@ def run_table(result: Any) -> str:
     )
     placement = result.ranks_of_stages
     if any(len(ranks) > 1 for ranks in placement):
-        lines.append("replicas of a stage sum their gradients after each step, then all step")
+        lines.append("the replicas of each stage sum their gradients before every SGD step")
     lines.append(f"{'stage':>5}  {'layers':<9}{'replicas':>8}  workers")
     for index, ((first, last), ranks) in enumerate(zip(result.ranges, placement, strict=True)):
         layers, workers = f"{first}-{last}", ",".join(map(str, ranks))
