@@ -145,23 +145,23 @@ class _StageReplica:
     ) -> None:
         import torch
 
-        self.job, self.layout, self.module, self.device, self.groups = (
-            job,
-            layout,
-            module,
-            device,
-            groups,
-        )
+        self.job = job
+        self.layout = layout
+        self.module = module
+        self.device = device
+        self.groups = groups
         self.stage, _ = layout.placement(rank)
         self.last = self.stage == layout.stages - 1
         self.operations = layout.operations(rank, job.schedule, job.microbatches)
         self.parameters = list(module.parameters())
-        self.inputs = (
-            torch.tensor_split(job.inputs.to(device), job.microbatches) if self.stage == 0 else ()
-        )
-        self.targets = (
-            torch.tensor_split(job.targets.to(device), job.microbatches) if self.last else ()
-        )
+        first, last = self.stage == 0, self.last
+        self.inputs = torch.tensor_split(job.inputs.to(device), job.microbatches) if first else ()
+        self.targets = torch.tensor_split(job.targets.to(device), job.microbatches) if last else ()
+        self.pending: list[tuple[Any, Any]] = []
+        """This step's sends not yet waited for: (work, tensor), the tensor kept alive."""
+        self.saved: dict[int, tuple[Any, Any]] = {}
+        """By microbatch, its input and its output (the last stage: its loss) until backward."""
+        self.loss_sum = torch.zeros((), dtype=torch.float64)
 
     def step(self) -> float:
         """Run this step's operations, sum gradients over the replicas; the step's loss (the
@@ -169,8 +169,7 @@ class _StageReplica:
         import torch
         import torch.distributed as dist
 
-        self.pending: list[tuple[Any, Any]] = []  # (work, tensor): kept alive until sent
-        self.saved: dict[int, tuple[Any, Any]] = {}  # microbatch: (input, output or loss)
+        self.pending, self.saved = [], {}
         self.loss_sum = torch.zeros((), dtype=torch.float64)
         for operation in self.operations:
             if operation.kind == "F":
