@@ -111,24 +111,22 @@ def run_replicated(job: WorkerJob, device: Any, channel: Channel) -> None:
     stage, replica = layout.placement(rank)
     module = job.stages[stage].to(device)
     groups = Groups(layout, stage)
-    try:
-        runner = _StageReplica(job, layout, rank, module, device, groups)
-        optimizer = torch.optim.SGD(runner.parameters, lr=job.lr) if runner.parameters else None
-        last = stage == layout.stages - 1
-        for step in range(job.steps):
-            started = time.perf_counter()
-            if optimizer is not None:
-                optimizer.zero_grad(set_to_none=True)
-            loss = runner.step()
-            if optimizer is not None:
-                optimizer.step()
-            if last and replica == 0:
-                channel.send(("step", step, loss, time.perf_counter() - started))
-        if replica == 0:
-            state = {key: value.detach().cpu() for key, value in module.state_dict().items()}
-            channel.send(("state", {stage: state}))
-    finally:
-        groups.close()
+    runner = _StageReplica(job, layout, rank, module, device, groups)
+    optimizer = torch.optim.SGD(runner.parameters, lr=job.lr) if runner.parameters else None
+    last = stage == layout.stages - 1
+    for step in range(job.steps):
+        started = time.perf_counter()
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+        loss = runner.step()
+        if optimizer is not None:
+            optimizer.step()
+        if last and replica == 0:
+            channel.send(("step", step, loss, time.perf_counter() - started))
+    if replica == 0:
+        state = {key: value.detach().cpu() for key, value in module.state_dict().items()}
+        channel.send(("state", {stage: state}))
+    groups.close()  # not after a failure: the pool then ends, and its groups with it
 
 
 class _StageReplica:
