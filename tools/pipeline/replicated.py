@@ -105,7 +105,8 @@ def run_replicated(job: WorkerJob, device: Any, channel: Channel) -> None:
     import torch
     import torch.distributed as dist
 
-    assert job.replicas is not None
+    if job.replicas is None:
+        raise ValueError("a job without replicas runs on torch's schedules, not here")
     layout = ReplicaLayout(job.replicas)
     rank = dist.get_rank()
     stage, replica = layout.placement(rank)
