@@ -179,6 +179,7 @@ THREE = ((0, 2), (3, 4))  # a 3-Linear model: Linear Tanh Linear | Tanh Linear
         (THREE, (2, 1), "1f1b", 4),
         (THREE, (1, 2), "gpipe", 4),
         (THREE, (1, 2), "1f1b", 3),  # the last stage replicated: the step's loss is summed
+        (THREE, (1, 2), "gpipe", 1),  # one microbatch: replica 1 idles, adds zero gradients
         (THREE, (2, 2), "gpipe", 3),
         (THREE, (2, 2), "1f1b", 4),
         (((0, 0), (1, 1), (2, 4)), (1, 2, 1), "1f1b", 6),  # a Tanh alone, replicated
