@@ -196,7 +196,12 @@ def result_text(reply: Any) -> str:
     return str(results[-1]["content"]["data"]["text/plain"])
 
 
+WORKERS_S = 90
+"""A cell that starts workers (Pythons importing torch) may take this long on a loaded host."""
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(240)
 async def test_pipeline_run_in_a_fleet_kernel(fleet: Any) -> None:
     kernel_id = fleet.start_kernel()
     client = await fleet.connect(kernel_id)
@@ -209,7 +214,8 @@ async def test_pipeline_run_in_a_fleet_kernel(fleet: Any) -> None:
         assert "speed-up" in result_text(planned)
         run = await client.execute(
             "report = %pipeline run model x y --loss mse --schedule gpipe --microbatches 2 "
-            "--steps 3 --lr 0.1\nreport"
+            "--steps 3 --lr 0.1\nreport",
+            timeout=WORKERS_S,
         )
         assert run.reply["status"] == "ok", run.reply
         text = result_text(run)
@@ -224,7 +230,8 @@ async def test_pipeline_run_in_a_fleet_kernel(fleet: Any) -> None:
         replicated = await client.execute(
             "model = copy.deepcopy(reference)\n"
             "report = %pipeline run model x y --loss mse --schedule 1f1b --microbatches 3 "
-            "--stages 0-1x2,2-4 --steps 3 --lr 0.1\n" + CHECK
+            "--stages 0-1x2,2-4 --steps 3 --lr 0.1\n" + CHECK,
+            timeout=WORKERS_S,
         )
         assert replicated.reply["status"] == "ok", replicated.reply
         assert "trained as one process 2 stages" in "".join(
@@ -239,7 +246,8 @@ async def test_pipeline_run_in_a_fleet_kernel(fleet: Any) -> None:
         failing = await client.execute(
             "def bad_loss(output, target):\n    raise ValueError('no loss today')\n"
             "%pipeline run model x y --loss bad_loss --schedule gpipe --microbatches 2 "
-            "--stages 0-4"
+            "--stages 0-4",
+            timeout=WORKERS_S,
         )
         assert failing.reply["ename"] == "WorkerFailed"
         assert failing.reply["evalue"].startswith("worker 0 failed:\nTraceback")
