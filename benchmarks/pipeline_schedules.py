@@ -1,15 +1,18 @@
 """Throughput of torch's pipeline schedules on worker processes, against one process.
 
     python benchmarks/pipeline_schedules.py [--ranks 2] [--microbatches 1,2,4,8] [--steps 6]
-        [--repeats 3] [--batch 256] [--width 1024] [--layers 8] [--json OUT]
+        [--repeats 3] [--batch 256] [--width 1024] [--layers 8] [--replicas 2x1,1x2]
+        [--schedules gpipe,1f1b,interleaved] [--json OUT]
 
 The model is an MLP of ``--layers`` blocks (``Linear(width, width)`` + ``ReLU``) and a
 ``Linear(width, 10)`` head, trained with cross-entropy and SGD on one random batch. The baseline
 trains it in this process (torch's threads on every core); each pipelined run trains it with
 `kernelfleet.tools.pipeline.runner.run_pipeline` on ``R`` worker processes (each with
 ``cores // R`` threads, on the CPU with gloo), its blocks split evenly into ``R`` stages (GPipe,
-1F1B) or ``2R`` stages, two per rank (interleaved 1F1B). One `WorkerPool` per rank count serves
-every schedule and microbatch count.
+1F1B) or ``2R`` stages, two per rank (interleaved 1F1B). ``--replicas 2x1`` adds replicated
+layouts (their own rows, ``layout`` giving each stage's replicas): as many stages as counts, the
+blocks split evenly, stage ``i`` on ``r_i`` ranks, run with the replicated executor under GPipe
+and 1F1B ordering. One `WorkerPool` per layout serves every schedule and microbatch count.
 
 Throughput is the batch over the median step time, the first step (which sets the pipeline up)
 left out. The baseline is measured again right before every pipelined run, ``--repeats`` pairs
@@ -37,6 +40,7 @@ from typing import Any
 import torch
 
 from kernelfleet.errors import InvalidRequest
+from kernelfleet.tools.pipeline.replicas import REPLICATED_SCHEDULES
 from kernelfleet.tools.pipeline.runner import WorkerPool, run_pipeline
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -89,9 +93,17 @@ def steady_rate(batch: int, seconds: list[float] | tuple[float, ...]) -> float:
 
 
 def pipelined(
-    args: argparse.Namespace, pool: WorkerPool, schedule: str, microbatches: int, data: Any
+    args: argparse.Namespace,
+    pool: WorkerPool,
+    schedule: str,
+    microbatches: int,
+    data: Any,
+    replicas: tuple[int, ...] | None = None,
 ) -> float | str:
-    stages = 2 * pool.ranks if schedule == "interleaved" else pool.ranks
+    if replicas is not None:
+        stages = len(replicas)
+    else:
+        stages = 2 * pool.ranks if schedule == "interleaved" else pool.ranks
     try:
         result = run_pipeline(
             make_model(args.layers, args.width),
@@ -102,10 +114,25 @@ def pipelined(
             microbatches=microbatches,
             steps=args.steps,
             pool=pool,
+            replicas=replicas,
         )
     except InvalidRequest as refused:
         return f"refused: {refused.message}"
     return steady_rate(args.batch, result.step_seconds)
+
+
+def layouts(args: argparse.Namespace) -> list[tuple[int, tuple[int, ...] | None, tuple[str, ...]]]:
+    """``(ranks, replicas, schedules)`` to measure: one stage per rank for each ``--ranks``
+    (replicas None: torch's schedules), then each ``--replicas`` layout."""
+    asked = tuple(args.schedules.split(","))
+    plain = [(int(r), None, asked) for r in args.ranks.split(",") if r]
+    replicated = []
+    for text in filter(None, args.replicas.split(",")):
+        counts = tuple(int(count) for count in text.split("x"))
+        replicated.append(
+            (sum(counts), counts, tuple(s for s in asked if s in REPLICATED_SCHEDULES))
+        )
+    return plain + replicated
 
 
 def main() -> None:
@@ -117,6 +144,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated")
+    parser.add_argument(
+        "--replicas", default="", help="replicated layouts, e.g. 2x1,1x2 (replicas per stage)"
+    )
     parser.add_argument("--json", metavar="OUT")
     args = parser.parse_args()
     generator = torch.Generator().manual_seed(1)
@@ -128,25 +159,32 @@ def main() -> None:
         f"MLP {args.layers}x{args.width}, batch {args.batch}, {args.steps} steps, "
         f"{os.cpu_count()} cores, torch {torch.__version__}, load {os.getloadavg()[0]:.1f}"
     )
-    header = f"{'ranks':>5}  {'schedule':<12}{'microbatches':>12}{'samples/s':>12}"
+    header = f"{'ranks':>5}  {'layout':<8}{'schedule':<12}{'microbatches':>12}{'samples/s':>12}"
     print(f"{header}{'one process':>13}{'ratio':>7}{'one thread':>12}{'ratio':>7}")
     cores = os.cpu_count() or 1
     runs: list[dict[str, Any]] = []
-    for ranks in (int(r) for r in args.ranks.split(",")):
+    for ranks, replicas, schedules in layouts(args):
+        layout = "x".join(map(str, replicas or (1,) * ranks))
         with WorkerPool(ranks, gpus=[]) as pool:
-            for schedule in SCHEDULES:
+            for schedule in schedules:
                 for microbatches in (int(m) for m in args.microbatches.split(",")):
                     bases, singles, rates = [], [], []
                     for _ in range(args.repeats):
                         bases.append(baseline(args, *data, threads=cores))
                         singles.append(baseline(args, *data, threads=1))
-                        rates.append(pipelined(args, pool, schedule, microbatches, data))
+                        rates.append(pipelined(args, pool, schedule, microbatches, data, replicas))
                     base, single = statistics.median(bases), statistics.median(singles)
                     rate = rates[0] if isinstance(rates[0], str) else statistics.median(rates)
-                    run = {"ranks": ranks, "schedule": schedule, "microbatches": microbatches}
+                    run = {
+                        "ranks": ranks,
+                        "replicas": list(replicas or (1,) * ranks),
+                        "schedule": schedule,
+                        "microbatches": microbatches,
+                    }
+                    row = f"{ranks:>5}  {layout:<8}{schedule:<12}{microbatches:>12}"
                     if isinstance(rate, str):
                         runs.append(run | {"note": rate})
-                        print(f"{ranks:>5}  {schedule:<12}{microbatches:>12}  {rate}")
+                        print(f"{row}  {rate}")
                         continue
                     runs.append(
                         run
@@ -157,7 +195,7 @@ def main() -> None:
                         }
                     )
                     print(
-                        f"{ranks:>5}  {schedule:<12}{microbatches:>12}{rate:>12.1f}"
+                        f"{row}{rate:>12.1f}"
                         f"{base:>13.1f}{rate / base:>6.2f}x{single:>12.1f}{rate / single:>6.2f}x"
                     )
     if args.json:

@@ -9,7 +9,8 @@
     %pipeline plan --levels 4:1e10,2:1.25e9 [--profile NAME]
     %pipeline run MODEL INPUTS TARGETS --loss mse|cross_entropy|NAME
                   --schedule gpipe|1f1b|interleaved --microbatches M
-                  [--steps S] [--lr LR] [--workers N] [--plan NAME | --stages 0-2,3-4]
+                  [--steps S] [--lr LR] [--workers N] [--plan NAME | --stages 0-2x2,3-4]
+                  [--no-replicas]
 
 A thin shell over `profiler`, `graphfile`, `planner`, `hierarchy` and `runner`: parse, call,
 show. Each returns a report whose text is the table (and, for a plan, the diagram); its
@@ -17,7 +18,8 @@ show. Each returns a report whose text is the table (and, for a plan, the diagra
 ``--profile NAME``: a notebook variable holding a profile (or a report of one), or a
 ``graph.txt`` path. ``run`` trains the notebook's MODEL on the batch INPUTS/TARGETS with the
 last plan's stages (or ``--plan NAME``, a plan or a report of one, or ``--stages``) on worker
-processes, and leaves the trained weights in MODEL (docs/pipeline.md, "Running a plan"). Bad
+processes, one per replica of each stage (``--no-replicas``: one per stage), and leaves the
+trained weights in MODEL (docs/pipeline.md, "Running a plan"). Bad
 arguments, what the planner refuses (a layer over the memory limit) and a run that cannot be
 laid out raise ``UsageError`` in one line; a worker's failure raises `WorkerFailed` with its
 error.
@@ -79,7 +81,14 @@ def pipeline_parser() -> MagicParser:
     )
     stages = run.add_mutually_exclusive_group()
     stages.add_argument("--plan", metavar="NAME", help="a plan variable (the last plan)")
-    stages.add_argument("--stages", metavar="0-2,3-4", help="stage ranges instead of a plan")
+    stages.add_argument(
+        "--stages", metavar="0-2x2,3-4", help="stage ranges (xR: R replicas) instead of a plan"
+    )
+    run.add_argument(
+        "--no-replicas",
+        action="store_true",
+        help="run each stage once, on one worker, whatever its replicas",
+    )
     run.add_argument("--timeout", type=float, default=120.0, help="seconds of silence (120)")
     return parser
 
@@ -131,9 +140,9 @@ def profile_table(profile: ModelProfile) -> str:
 
 
 def run_table(result: Any) -> str:
-    """A run's layout (stage, layers, worker), its loss per step and its throughput."""
+    """A run's layout (stage, layers, replicas, workers), its loss per step and its
+    throughput."""
     from kernelfleet.tools.pipeline.runner import visible_gpus
-    from kernelfleet.tools.pipeline.schedules import rank_of_stage
 
     gpus = visible_gpus()
     where = f"GPUs {','.join(gpus[: result.ranks])}, nccl" if gpus else "CPU, gloo"
@@ -143,10 +152,13 @@ def run_table(result: Any) -> str:
         f"{result.schedule} on {result.ranks} workers ({where}): {result.microbatches} "
         f"microbatches of {size} samples, {len(result.losses)} steps"
     )
-    lines.append(f"{'stage':>5}  {'layers':<9}worker")
-    for index, (first, last) in enumerate(result.ranges):
-        layers = f"{first}-{last}"
-        lines.append(f"{index:>5}  {layers:<9}{rank_of_stage(index, result.ranks)}")
+    placement = result.ranks_of_stages
+    if any(len(ranks) > 1 for ranks in placement):
+        lines.append("the replicas of each stage sum their gradients before every SGD step")
+    lines.append(f"{'stage':>5}  {'layers':<9}{'replicas':>8}  workers")
+    for index, ((first, last), ranks) in enumerate(zip(result.ranges, placement, strict=True)):
+        layers, workers = f"{first}-{last}", ",".join(map(str, ranks))
+        lines.append(f"{index:>5}  {layers:<9}{len(ranks):>8}  {workers}")
     lines.append(f"{'step':>5}  {'loss':>12}{'seconds':>10}")
     for step, (loss, seconds) in enumerate(zip(result.losses, result.step_seconds, strict=True)):
         lines.append(f"{step + 1:>5}  {loss:>12.6g}{seconds:>10.4f}")
@@ -217,12 +229,14 @@ class PipelineMagics(Magics):
 
     def _run(self, args: argparse.Namespace) -> Report:
         from kernelfleet.tools.pipeline.runner import WorkerFailed, run_pipeline
-        from kernelfleet.tools.pipeline.stages import StageSplit, parse_ranges, stage_ranges
+        from kernelfleet.tools.pipeline.stages import parse_stages, stage_ranges, without_replicas
 
         if args.stages:
-            split = StageSplit(parse_ranges(args.stages))
+            split = parse_stages(args.stages)
         else:
             split = stage_ranges(self._chosen_plan(args.plan))
+        if args.no_replicas:
+            split = without_replicas(split)
         model, inputs, targets = (
             self._variable(n) for n in (args.model, args.inputs, args.targets)
         )
@@ -240,6 +254,7 @@ class PipelineMagics(Magics):
                 ranks=args.workers,
                 timeout_s=args.timeout,
                 notes=split.notes,
+                replicas=split.replicas,
             )
         except WorkerFailed as error:
             raise WorkerFailed(error.message) from None  # not the driver's stack

@@ -7,6 +7,11 @@ model defined in the notebook works), the batches and the schedule, and collects
 wall time of every step from the rank that holds the last stage. At the end it loads the trained
 weights back into the caller's model, in place.
 
+A stage with several replicas (``replicas``, from a PipeDream plan) gets one rank per replica,
+and the whole run then goes to the replicated executor (`replicated`: microbatch ``j`` on
+replica ``j mod r`` of each stage, the replicas' gradients summed after the flush); without
+replicas it goes to torch's schedules (`schedules`).
+
 Semantics are synchronous (flush): each step runs every microbatch forward and backward, then
 each worker applies plain SGD (``lr``) to its stages once. With a loss that averages over its
 batch (``mse_loss``, ``cross_entropy``) and microbatches of equal size, one step is exactly the
@@ -51,11 +56,12 @@ from kernelfleet.tools.pipeline.channel import (
     ChannelTimeout,
     Listener,
 )
+from kernelfleet.tools.pipeline.replicas import ReplicaLayout, check_replicated_run
 from kernelfleet.tools.pipeline.schedules import (
     check_run,
     default_ranks,
+    rank_of_stage,
     schedule_kind,
-    stages_of_rank,
 )
 from kernelfleet.tools.pipeline.stages import Range, split_model, write_back
 from kernelfleet.tools.pipeline.worker import Session, WorkerJob
@@ -81,6 +87,16 @@ class RunResult:
     losses: tuple[float, ...]
     step_seconds: tuple[float, ...]
     notes: tuple[str, ...] = ()
+    placement: tuple[tuple[int, ...], ...] = ()
+    """The ranks that hold each stage (several for a replicated stage); empty means one rank
+    per stage, stage ``i`` on rank ``i % ranks``."""
+
+    @property
+    def ranks_of_stages(self) -> tuple[tuple[int, ...], ...]:
+        """The ranks that hold each stage, in stage order."""
+        if self.placement:
+            return self.placement
+        return tuple((rank_of_stage(index, self.ranks),) for index in range(len(self.ranges)))
 
     @property
     def samples_per_s(self) -> float:
@@ -114,31 +130,55 @@ def run_pipeline(
     timeout_s: float = 120.0,
     notes: tuple[str, ...] = (),
     pool: WorkerPool | None = None,
+    replicas: tuple[int, ...] | None = None,
 ) -> RunResult:
     """Train ``model`` for ``steps`` SGD steps on the batch ``inputs``/``targets``, its
     layers split into stages ``ranges`` run on ``ranks`` worker processes by ``schedule``
     (see the module docstring), and write the trained weights back into ``model``.
+
+    ``replicas`` gives each stage's replica count (one each when None); a run with a
+    replicated stage needs one rank per replica and runs on the replicated executor
+    (`replicated`, gpipe or 1f1b), the others on torch's schedules.
 
     ``loss(output, target)`` must average over its batch. The run starts its own `WorkerPool`
     and ends it, unless given ``pool`` (of ``ranks`` workers), which it leaves running. Raises
     `InvalidRequest` for a run that cannot be laid out (before starting anything) and
     `WorkerFailed` if a worker fails (a pool is then closed).
     """
+    replicas = replicas or (1,) * len(ranges)
+    if len(replicas) != len(ranges):
+        raise InvalidRequest(f"{len(ranges)} stages but {len(replicas)} replica counts")
+    layout = ReplicaLayout(replicas)
+    replicated = layout.ranks > layout.stages
     kind = schedule_kind(schedule)
-    ranks = ranks or (pool.ranks if pool is not None else default_ranks(kind, len(ranges)))
+    if replicated:
+        ranks = ranks or (pool.ranks if pool is not None else layout.ranks)
+    else:
+        ranks = ranks or (pool.ranks if pool is not None else default_ranks(kind, len(ranges)))
     pieces = split_model(model, ranges)
     batch_size = len(inputs)
-    check_run(
-        kind, stages=len(ranges), ranks=ranks, microbatches=microbatches, batch_size=batch_size
-    )
+    if replicated:
+        check_replicated_run(
+            layout, schedule=kind.name, ranks=ranks, microbatches=microbatches,
+            batch_size=batch_size,
+        )  # fmt: skip
+    else:
+        check_run(
+            kind, stages=len(ranges), ranks=ranks, microbatches=microbatches,
+            batch_size=batch_size,
+        )  # fmt: skip
     if len(targets) != batch_size:
         raise InvalidRequest(f"{batch_size} inputs but {len(targets)} targets")
     if steps < 1 or not lr >= 0 or timeout_s <= 0:
         raise InvalidRequest("steps must be at least 1, lr at least 0, the timeout positive")
+    if replicated:
+        placement = tuple(layout.ranks_of(stage) for stage in range(layout.stages))
+    else:
+        placement = tuple((rank_of_stage(stage, ranks),) for stage in range(len(ranges)))
     last = len(ranges) - 1
     jobs: dict[int, WorkerJob] = {}
     for rank in range(ranks):
-        mine = stages_of_rank(rank, len(ranges), ranks)
+        mine = [stage for stage, held in enumerate(placement) if rank in held]
         jobs[rank] = WorkerJob(
             schedule=kind.name,
             microbatches=microbatches,
@@ -149,6 +189,7 @@ def run_pipeline(
             steps=steps,
             inputs=inputs if 0 in mine else None,
             targets=targets if last in mine else None,
+            replicas=replicas if replicated else None,
         )
     if pool is None:
         with WorkerPool(ranks, timeout_s=timeout_s) as own:
@@ -159,7 +200,15 @@ def run_pipeline(
         losses, seconds, states = pool.run(jobs, steps)
     write_back(model, ranges, states)
     return RunResult(
-        kind.name, ranks, microbatches, ranges, batch_size, losses, seconds, notes=notes
+        kind.name,
+        ranks,
+        microbatches,
+        ranges,
+        batch_size,
+        losses,
+        seconds,
+        notes=notes,
+        placement=placement,
     )
 
 

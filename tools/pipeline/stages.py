@@ -6,10 +6,9 @@ model's own children ``first..last`` (the same module objects, not copies: a run
 its workers, which is where they are copied).
 
 Replication: a PipeDream plan may give a stage several replicas (data-parallel copies),
-``[0, 14] x3 + [15, 39] x1`` say. torch's schedules have one copy of every stage, so a run takes
-the plan's stage boundaries and runs each stage once; `stage_ranges` says so in its notes, which
-the magic prints. (Uniform replication, every stage ``xR``, could run as ``R`` data-parallel
-pipelines; that is not built.)
+``[0, 14] x3 + [15, 39] x1`` say, and text may too: ``"0-14x3,15-39"``. A run gives each
+replica its own worker (`replicated`); `without_replicas` drops them instead, each stage then
+running once, and notes what was dropped (the magic prints it).
 """
 
 from __future__ import annotations
@@ -24,38 +23,63 @@ Range = tuple[int, int]
 
 @dataclass(frozen=True)
 class StageSplit:
-    """Stage ranges in pipeline order, and what of the plan the run leaves out (printed)."""
+    """Stage ranges in pipeline order, each stage's replica count, and what of the plan the
+    run leaves out (printed)."""
 
     ranges: tuple[Range, ...]
+    replicas: tuple[int, ...]
     notes: tuple[str, ...] = ()
 
 
 def stage_ranges(plan: Any) -> StageSplit:
-    """The ranges of a planner `Plan`'s stages; a replicated stage is noted, run once."""
+    """The ranges and replica counts of a planner `Plan`'s stages."""
     ranges = tuple((stage.first, stage.last) for stage in plan.stages)
-    replicated = [
-        f"stage {index} (layers {stage.first}-{stage.last}) x{stage.replicas}"
-        for index, stage in enumerate(plan.stages)
-        if stage.replicas > 1
-    ]
-    notes: tuple[str, ...] = ()
-    if replicated:
-        notes = (
-            f"replication is not run: {', '.join(replicated)} in the plan; torch's schedules "
-            f"run one copy of each stage, so each stage runs on one worker",
+    return StageSplit(ranges, tuple(stage.replicas for stage in plan.stages))
+
+
+def without_replicas(split: StageSplit) -> StageSplit:
+    """``split`` with one replica per stage, noting the replicas it drops (if any)."""
+    dropped = [
+        f"stage {index} (layers {first}-{last}) x{count}"
+        for index, ((first, last), count) in enumerate(
+            zip(split.ranges, split.replicas, strict=True)
         )
-    return StageSplit(ranges, notes)
+        if count > 1
+    ]
+    notes = split.notes
+    if dropped:
+        notes += (f"replicas not run (--no-replicas): {', '.join(dropped)}; each stage runs once",)
+    return StageSplit(split.ranges, (1,) * len(split.ranges), notes)
+
+
+def parse_stages(text: str) -> StageSplit:
+    """``"0-2x2,3,4-6"`` as ranges ``((0, 2), (3, 3), (4, 6))`` with replicas ``(2, 1, 1)``
+    (``xR``: R replicas, 1 without); `InvalidRequest` for anything else."""
+    ranges: list[Range] = []
+    replicas: list[int] = []
+    for part in text.split(","):
+        span, times, count = part.strip().partition("x")
+        first, _, last = span.partition("-")
+        if (
+            not first.isdigit()
+            or not (last or first).isdigit()
+            or (times and not (count.isdigit() and int(count) >= 1))
+        ):
+            raise InvalidRequest(
+                f"bad stages {text!r}: expected FIRST-LAST[xREPLICAS],... e.g. 0-2x2,3-5"
+            )
+        ranges.append((int(first), int(last or first)))
+        replicas.append(int(count) if times else 1)
+    return StageSplit(tuple(ranges), tuple(replicas))
 
 
 def parse_ranges(text: str) -> tuple[Range, ...]:
-    """``"0-2,3,4-6"`` as ``((0, 2), (3, 3), (4, 6))``; `InvalidRequest` for anything else."""
-    ranges: list[Range] = []
-    for part in text.split(","):
-        first, _, last = part.strip().partition("-")
-        if not first.isdigit() or not (last or first).isdigit():
-            raise InvalidRequest(f"bad stages {text!r}: expected FIRST-LAST,... e.g. 0-2,3-5")
-        ranges.append((int(first), int(last or first)))
-    return tuple(ranges)
+    """``"0-2,3,4-6"`` as ``((0, 2), (3, 3), (4, 6))``; `InvalidRequest` for anything else,
+    replicas (``0-2x2``) included."""
+    split = parse_stages(text)
+    if set(split.replicas) != {1}:
+        raise InvalidRequest(f"bad stages {text!r}: replicas are not taken here")
+    return split.ranges
 
 
 def layers_of(model: Any) -> list[Any]:

@@ -4,9 +4,10 @@ Started by `runner.WorkerPool`, one process per rank, with the pool's token in t
 (``channel.TOKEN_ENV``). The worker connects to the driver at ``HOST:PORT`` and says
 ``("hello", rank)``. It then receives a `Session` and joins the pool's process group (the driver
 holds its ``TCPStore``; nccl on a GPU, gloo on a CPU), and runs the `WorkerJob` messages that
-follow, one after another, until it receives None. A job holds this rank's stages (modules), the
-schedule, the batches for the first and the last stage, the loss, the learning rate and the
-steps; for each the worker trains and reports back:
+follow, one after another, until it receives None. A job holds this rank's stages (modules; with
+replicated stages, its one replica, run by `replicated`), the schedule, the batches for the first
+and the last stage, the loss, the learning rate and the steps; for each the worker trains and
+reports back:
 
 - ``("step", step, loss, seconds)`` after every step, from the rank holding the last stage:
   the mean of the microbatches' losses and the step's wall time;
@@ -66,6 +67,9 @@ class WorkerJob:
     """The whole batch for stage 0, on the rank that holds it (None elsewhere)."""
     targets: Any
     """The whole batch of targets, on the rank that holds the last stage (None elsewhere)."""
+    replicas: tuple[int, ...] | None = None
+    """None: torch's schedule, one copy of each stage. Else each stage's replica count, and the
+    rank runs its one replica with the replicated executor (`replicated`)."""
 
 
 def choose_device() -> Any:
@@ -99,6 +103,12 @@ def join(session: Session, device: Any) -> None:
 def run_job(job: WorkerJob, device: Any, channel: Channel) -> None:
     """Train ``job``'s stages for ``job.steps`` steps, reporting to ``channel``."""
     import torch
+
+    if job.replicas is not None:
+        from kernelfleet.tools.pipeline.replicated import run_replicated
+
+        run_replicated(job, device, channel)
+        return
     from torch.distributed.pipelining import PipelineStage
 
     indices = sorted(job.stages)

@@ -1,10 +1,12 @@
 """Where PipeDream's published profiles are: ``../shared/data/pipedream/profiles`` beside the
-repository (tests that need them are skipped, saying so, where it is absent)."""
+repository (tests that need them are skipped, saying so, where it is absent); and the pools of
+worker processes the run tests share."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,3 +34,21 @@ def pipedream_profile() -> Callable[[str], Path]:
         return graph
 
     return path
+
+
+@pytest.fixture(scope="package")
+def pools() -> Iterator[Callable[[int], Any]]:
+    """``pools(ranks)``: a running `WorkerPool` of that many CPU workers, shared by the tests of
+    this package (a new one if the last was closed by a failure); all are closed at the end."""
+    from kernelfleet.tools.pipeline.runner import WorkerPool
+
+    running: dict[int, WorkerPool] = {}
+
+    def pool(ranks: int) -> WorkerPool:
+        if ranks not in running or running[ranks].closed:
+            running[ranks] = WorkerPool(ranks, timeout_s=60, gpus=[])
+        return running[ranks]
+
+    yield pool
+    for each in running.values():
+        each.close()

@@ -2,7 +2,8 @@
 exactly as one process does; failures end the run with the worker's error and leave no process.
 
 Worker processes are expensive (each imports torch), so the tests share one `WorkerPool` per rank
-count (`pools`), started when first asked for and again only after a test made it fail.
+count (`pools`, in conftest.py), started when first asked for and again only after a test made it
+fail.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -67,11 +68,18 @@ def single_process(model: Any, inputs: Any, targets: Any, steps: int) -> list[fl
 
 
 def check_equal_to_one_process(
-    pool: WorkerPool, ranges: tuple[tuple[int, int], ...], schedule: str, microbatches: int
+    pool: WorkerPool,
+    ranges: tuple[tuple[int, int], ...],
+    schedule: str,
+    microbatches: int,
+    *,
+    replicas: tuple[int, ...] | None = None,
+    size: int = 16,
 ) -> RunResult:
+    """Train on ``pool`` and in this process; assert equal losses and weights."""
     model = make_model((ranges[-1][1] + 2) // 2)
     reference = copy.deepcopy(model)
-    inputs, targets = batch()
+    inputs, targets = batch(size)
     result = run_pipeline(
         model,
         ranges,
@@ -83,6 +91,7 @@ def check_equal_to_one_process(
         steps=STEPS,
         lr=LR,
         pool=pool,
+        replicas=replicas,
     )
     expected = single_process(reference, inputs, targets, STEPS)
     torch.testing.assert_close(list(result.losses), expected)
@@ -92,22 +101,6 @@ def check_equal_to_one_process(
     assert len(result.step_seconds) == STEPS
     assert result.samples_per_s > 0
     return result
-
-
-@pytest.fixture(scope="module")
-def pools() -> Iterator[Callable[[int], WorkerPool]]:
-    """``pools(ranks)``: the module's running pool of that many workers (a new one if the last
-    was closed by a failure); all are closed at the end of the module."""
-    running: dict[int, WorkerPool] = {}
-
-    def pool(ranks: int) -> WorkerPool:
-        if ranks not in running or running[ranks].closed:
-            running[ranks] = WorkerPool(ranks, timeout_s=60, gpus=[])
-        return running[ranks]
-
-    yield pool
-    for each in running.values():
-        each.close()
 
 
 @pytest.mark.slow

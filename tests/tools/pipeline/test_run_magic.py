@@ -12,10 +12,17 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
+from kernelfleet.errors import InvalidRequest
 from kernelfleet.tools.pipeline.magics import PipelineMagics, load, run_table
 from kernelfleet.tools.pipeline.planner import Plan, Stage
 from kernelfleet.tools.pipeline.runner import RunResult
-from kernelfleet.tools.pipeline.stages import parse_ranges, stage_ranges
+from kernelfleet.tools.pipeline.stages import (
+    StageSplit,
+    parse_ranges,
+    parse_stages,
+    stage_ranges,
+    without_replicas,
+)
 
 NOTEBOOK = """
 import torch
@@ -64,6 +71,11 @@ RUN = "run model x y --loss mse --microbatches 2 "
         (RUN + "--schedule gpipe --plan p --stages 0-4", "not allowed with argument --plan"),
         (RUN + "--schedule gpipe --stages 0-1,2-9", "cover layers 0-9 but the model has 5"),
         (RUN + "--schedule gpipe --stages 0-1,x", "bad stages '0-1,x'"),
+        (RUN + "--schedule gpipe --stages 0-1x0,2-4", "bad stages '0-1x0,2-4'"),
+        (RUN + "--schedule gpipe --stages 0-1x2,2-4 --workers 2", "3 replicas in all (x2,x1)"),
+        (RUN + "--schedule interleaved --stages 0-1x2,2-4", "run with gpipe or 1f1b"),
+        # --no-replicas: the stages run once each, so two stages on one worker are refused
+        (RUN + "--schedule gpipe --stages 0-1x2,2-4 --no-replicas --workers 1", "only 1 work"),
         (RUN + "--schedule gpipe --stages 0,1,2-4 --workers 2", "3 stages but only 2 workers"),
         (RUN + "--schedule interleaved --stages 0-1,2-4 --workers 2", "2 stages per worker"),
         ("run model x y --loss mse --schedule gpipe --microbatches 5 --stages 0-1,2-4", "5 micro"),
@@ -89,18 +101,27 @@ def test_the_last_plan_is_the_default(shell: InteractiveShell) -> None:
         shell.run_line_magic("pipeline", RUN + "--schedule 1f1b --workers 2")
 
 
-def test_a_replicated_plan_runs_each_stage_once_and_says_so() -> None:
+def test_a_replicated_plan_runs_its_replicas_unless_told_not_to(shell: InteractiveShell) -> None:
     split = stage_ranges(plan_of((0, 14, 3), (15, 39, 1)))
-    assert split.ranges == ((0, 14), (15, 39))
-    assert split.notes == (
-        "replication is not run: stage 0 (layers 0-14) x3 in the plan; torch's schedules run "
-        "one copy of each stage, so each stage runs on one worker",
+    assert split == StageSplit(((0, 14), (15, 39)), (3, 1))
+    assert without_replicas(split) == StageSplit(
+        ((0, 14), (15, 39)),
+        (1, 1),
+        ("replicas not run (--no-replicas): stage 0 (layers 0-14) x3; each stage runs once",),
     )
-    assert stage_ranges(plan_of((0, 3, 1), (4, 9, 1))).notes == ()
+    assert without_replicas(StageSplit(((0, 3),), (1,))).notes == ()
+    magics = shell.magics_manager.registry["PipelineMagics"]
+    assert isinstance(magics, PipelineMagics)
+    magics.last_plan = plan_of((0, 1, 2), (2, 4, 1))
+    with pytest.raises(UsageError, match=re.escape("they need 3 workers, one per replica, not 2")):
+        shell.run_line_magic("pipeline", RUN + "--schedule gpipe --workers 2")
 
 
 def test_stage_ranges_from_text() -> None:
     assert parse_ranges("0-2, 3,4-6") == ((0, 2), (3, 3), (4, 6))
+    assert parse_stages("0-2x2, 3,4-6x3") == StageSplit(((0, 2), (3, 3), (4, 6)), (2, 1, 3))
+    with pytest.raises(InvalidRequest, match="replicas are not taken here"):
+        parse_ranges("0-2x2,3")
 
 
 def test_run_report_text(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,20 +134,41 @@ def test_run_report_text(monkeypatch: pytest.MonkeyPatch) -> None:
         batch_size=16,
         losses=(1.5, 1.25),
         step_seconds=(0.5, 0.25),
-        notes=("replication is not run: ...",),
+        notes=("replicas not run (--no-replicas): ...",),
     )
     assert run_table(result).splitlines() == [
-        "note: replication is not run: ...",
+        "note: replicas not run (--no-replicas): ...",
         "interleaved on 2 workers (CPU, gloo): 4 microbatches of 4 samples, 2 steps",
-        "stage  layers   worker",
-        "    0  0-1      0",
-        "    1  2-3      1",
-        "    2  4-5      0",
-        "    3  6-6      1",
+        "stage  layers   replicas  workers",
+        "    0  0-1             1  0",
+        "    1  2-3             1  1",
+        "    2  4-5             1  0",
+        "    3  6-6             1  1",
         " step          loss   seconds",
         "    1           1.5    0.5000",
         "    2          1.25    0.2500",
         "64.0 samples/s (after the first step); the model holds the trained weights",
+    ]
+
+
+def test_replicated_run_report_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    result = RunResult(
+        schedule="1f1b",
+        ranks=4,
+        microbatches=3,
+        ranges=((0, 14), (15, 39)),
+        batch_size=12,
+        losses=(2.0,),
+        step_seconds=(0.5,),
+        placement=((0, 1, 2), (3,)),
+    )
+    assert run_table(result).splitlines()[:5] == [
+        "1f1b on 4 workers (CPU, gloo): 3 microbatches of 4 samples, 1 steps",
+        "the replicas of each stage sum their gradients before every SGD step",
+        "stage  layers   replicas  workers",
+        "    0  0-14            3  0,1,2",
+        "    1  15-39           1  3",
     ]
 
 
@@ -154,7 +196,12 @@ def result_text(reply: Any) -> str:
     return str(results[-1]["content"]["data"]["text/plain"])
 
 
+WORKERS_S = 90
+"""A cell that starts workers (Pythons importing torch) may take this long on a loaded host."""
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(240)
 async def test_pipeline_run_in_a_fleet_kernel(fleet: Any) -> None:
     kernel_id = fleet.start_kernel()
     client = await fleet.connect(kernel_id)
@@ -167,7 +214,8 @@ async def test_pipeline_run_in_a_fleet_kernel(fleet: Any) -> None:
         assert "speed-up" in result_text(planned)
         run = await client.execute(
             "report = %pipeline run model x y --loss mse --schedule gpipe --microbatches 2 "
-            "--steps 3 --lr 0.1\nreport"
+            "--steps 3 --lr 0.1\nreport",
+            timeout=WORKERS_S,
         )
         assert run.reply["status"] == "ok", run.reply
         text = result_text(run)
@@ -178,6 +226,17 @@ async def test_pipeline_run_in_a_fleet_kernel(fleet: Any) -> None:
         assert "trained as one process" in "".join(
             m["content"]["text"] for m in checked.of_type("stream")
         )
+        # a replicated stage: two workers share stage 0's microbatches
+        replicated = await client.execute(
+            "model = copy.deepcopy(reference)\n"
+            "report = %pipeline run model x y --loss mse --schedule 1f1b --microbatches 3 "
+            "--stages 0-1x2,2-4 --steps 3 --lr 0.1\n" + CHECK,
+            timeout=WORKERS_S,
+        )
+        assert replicated.reply["status"] == "ok", replicated.reply
+        assert "trained as one process 2 stages" in "".join(
+            m["content"]["text"] for m in replicated.of_type("stream")
+        )
         refused = await client.execute(
             "%pipeline " + RUN + "--schedule gpipe --stages 0-1,2-4 --microbatches 5"
         )
@@ -187,7 +246,8 @@ async def test_pipeline_run_in_a_fleet_kernel(fleet: Any) -> None:
         failing = await client.execute(
             "def bad_loss(output, target):\n    raise ValueError('no loss today')\n"
             "%pipeline run model x y --loss bad_loss --schedule gpipe --microbatches 2 "
-            "--stages 0-4"
+            "--stages 0-4",
+            timeout=WORKERS_S,
         )
         assert failing.reply["ename"] == "WorkerFailed"
         assert failing.reply["evalue"].startswith("worker 0 failed:\nTraceback")
