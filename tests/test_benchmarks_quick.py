@@ -1,0 +1,81 @@
+"""``benchmarks/vs_local.py --quick`` runs end to end and writes every figure it promises.
+
+The figures themselves belong to the machine that measures them: printed, never compared with a
+target. What is checked is the document's shape and that each figure is a real measurement (a
+positive number), so a phase that silently measured nothing fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_local.py"
+SIDES = {"local", "kernelfleet"}
+PHASES = {"start_s", "cells_s", "shutdown_s", "total_s"}
+SIGNED = {"replica_beyond_plain"}  # a difference: its sign is what it reports
+
+
+def figures(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """Every leaf of the JSON document with its path."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from figures(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from figures(value, f"{path}/{i}")
+    else:
+        yield path, node
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_vs_local_quick_writes_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "vs_local.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+
+    assert report["parameters"]["replicas"] == 3
+    assert report["roundtrip_ms"].keys() == SIDES
+    assert all(
+        side["n"] == report["parameters"]["cells"] for side in report["roundtrip_ms"].values()
+    )
+    for lifecycle in ("kernel_start_s", "shutdown_s"):
+        assert report[lifecycle].keys() == SIDES
+        assert all(len(side["samples"]) == 1 for side in report[lifecycle].values())
+    (name, notebook), *others = report["notebooks"].items()
+    assert (name, others) == ("pandas_sales", [])
+    assert notebook["code_cells"] >= 15
+    assert notebook["local"].keys() == notebook["kernelfleet"].keys() == PHASES
+    memory = report["memory"]
+    assert memory["local"]["processes"] == 1
+    assert memory["kernelfleet"]["processes"] == 3, "one process per replica"
+    assert set(report["ratios"]) == {
+        "roundtrip_p50", "roundtrip_p99", "kernel_start", "shutdown", "idle_kernel_pss",
+        "notebook_pandas_sales_total", "notebook_pandas_sales_cells",
+    }  # fmt: skip
+
+    measured = [
+        (p, v) for p, v in figures(report) if p.split("/")[1] not in ("machine", "parameters")
+    ]
+    assert len(measured) > 40
+    for path, value in measured:
+        assert isinstance(value, int | float), path
+        assert math.isfinite(value), path
+        if path.split("/")[1] != "load_average_1min" and path.split("/")[2] not in SIGNED:
+            assert value > 0, f"{path} = {value}"
+    assert "cell round trip p50" in done.stdout
