@@ -437,6 +437,7 @@ class ReplicatedKernel(IPythonKernel):
         self.unpublished = cell_id
         try:
             await super().execute_request(stream, ident, parent)
+            stage_stamp(cell_id, "reply_sent")
         finally:
             self.unpublished = None
 
