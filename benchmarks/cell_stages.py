@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelfleet.testing import Fleet, KernelWebsocket, percentile, start_fleet
+from kernelfleet.testing.replicas import replica_status
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
@@ -79,8 +80,26 @@ async def timed_cell(kernel: KernelWebsocket) -> dict[str, Any]:
     return {"msg_id": msg_id, **stamps}
 
 
-async def measure(endpoints: list[rt.Endpoint], cells: int, warmup: int) -> dict[str, list[Any]]:
-    """One kernel per endpoint, `warmup` cells each, then `cells` timed ones interleaved."""
+async def raft_roles(fleet: Fleet, kernel_id: str, cell_id: str) -> dict[str, Any]:
+    """Which replica ran `cell_id` and which leads the kernel's Raft group (each replica's own
+    view, asked on its control channel). A LEAD or delta appended by a follower goes through the
+    leader, so it costs more than one appended by the leader itself."""
+    model = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")
+    statuses = [await replica_status(fleet, replica) for replica in model["replicas"]]
+    executors = {r for s in statuses for c, _, r in s.get("executors", []) if c == cell_id}
+    leaders = {s["replica_id"] for s in statuses if s.get("raft", {}).get("is_leader")}
+    return {
+        "executor": sorted(executors),
+        "raft_leader": sorted(leaders),
+        "executor_is_raft_leader": executors == leaders and len(leaders) == 1,
+    }
+
+
+async def measure(
+    fleet: Fleet, endpoints: list[rt.Endpoint], cells: int, warmup: int
+) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """One kernel per endpoint, `warmup` cells each, then `cells` timed ones interleaved; the
+    client's stamps of each cell, and each kernel's `raft_roles` after its last cell."""
     started: list[tuple[rt.Endpoint, str]] = []
     kernels: dict[str, KernelWebsocket] = {}
     try:
@@ -97,7 +116,13 @@ async def measure(endpoints: list[rt.Endpoint], cells: int, warmup: int) -> dict
                 timed[key].append(await timed_cell(kernels[key]))
             if (i + 1) % 50 == 0 or i + 1 == cells:
                 progress(f"cells: {i + 1}/{cells} rounds")
-        return timed
+        roles = {
+            endpoint.config.key: await raft_roles(
+                fleet, kernel_id, timed[endpoint.config.key][-1]["msg_id"]
+            )
+            for endpoint, kernel_id in started
+        }
+        return timed, roles
     finally:
         for kernel in kernels.values():
             kernel.close()
@@ -141,16 +166,19 @@ def breakdown(cells: list[dict[str, Any]], logged: dict[str, dict[str, float]]) 
     }
 
 
-async def benchmark(endpoints: list[rt.Endpoint], log: Path, args: argparse.Namespace) -> Any:
+async def benchmark(
+    fleet: Fleet, endpoints: list[rt.Endpoint], log: Path, args: argparse.Namespace
+) -> Any:
     progress(f"timing {args.cells} cells per path after {args.warmup} warm-up cells")
-    timed = await measure(endpoints, args.cells, args.warmup)
+    timed, roles = await measure(fleet, endpoints, args.cells, args.warmup)
     logged = read_stage_log(log)
     titles = {"D": "through jupyter_server + extension", "E": "gateway directly"}
     return {
         "machine": harness.describe_machine(),
         "parameters": {"cells": args.cells, "warmup": args.warmup, "replicas": args.replicas},
         "paths": {
-            key: {"title": titles[key], **breakdown(cells, logged)} for key, cells in timed.items()
+            key: {"title": titles[key], "raft": roles[key], **breakdown(cells, logged)}
+            for key, cells in timed.items()
         },
     }
 
@@ -181,6 +209,12 @@ def render(report: dict[str, Any]) -> str:
         f"{sum(paths[k]['stages_ms'][n]['p50'] for *_, n in STAGES):>10.2f}{'':>10}" for k in keys
     )
     lines.append(f"{'sum of the stage p50s (chain only)':<58}{sums}")
+    for key in keys:
+        raft = paths[key]["raft"]
+        lines.append(
+            f"{key}: the executor {'is' if raft['executor_is_raft_leader'] else 'is not'} its "
+            f"group's Raft leader (executor {raft['executor']}, leader {raft['raft_leader']})"
+        )
     return "\n".join(lines)
 
 
@@ -214,7 +248,7 @@ def run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         server = rt.launch_server(configs["D"], root, secrets.token_hex(16))
         rt.wait_until_serving(server)
         direct = rt.Endpoint(configs["E"], fleet.url, fleet.token)
-        return asyncio.run(benchmark([server, direct], log, args))
+        return asyncio.run(benchmark(fleet, [server, direct], log, args))
     finally:
         progress("stopping every process")
         if server is not None:
