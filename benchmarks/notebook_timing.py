@@ -9,6 +9,8 @@ Phases, from nbclient's own hooks:
   start     ``async_execute`` called -> kernel started and its client ready (``on_notebook_start``)
   cells     -> the last cell executed (``on_cell_executed``), kernel_info request included
   shutdown  -> the kernel shut down and the client stopped (``async_execute`` returned)
+
+and each code cell's own time (``on_cell_start`` to ``on_cell_executed``).
 """
 
 from __future__ import annotations
@@ -43,9 +45,14 @@ async def run_notebook(path: Path, url: str, token: str, timeout: float = 600) -
     point_at(url, token)
     notebook = nbformat.read(path, as_version=4)
     marks: dict[str, float] = {}
+    cell_s: list[float] = []
 
     def mark(name: str) -> Any:
         return lambda **_: marks.__setitem__(name, time.perf_counter())
+
+    def cell_executed(**_: Any) -> None:
+        marks["cells_done"] = time.perf_counter()
+        cell_s.append(marks["cells_done"] - marks["cell_start"])
 
     client = NotebookClient(
         notebook,
@@ -53,7 +60,8 @@ async def run_notebook(path: Path, url: str, token: str, timeout: float = 600) -
         kernel_name="python3",
         kernel_manager_class=FleetKernelManager,
         on_notebook_start=mark("ready"),
-        on_cell_executed=mark("cells_done"),
+        on_cell_start=mark("cell_start"),
+        on_cell_executed=cell_executed,
     )
     started = time.perf_counter()
     await client.async_execute()
@@ -67,4 +75,5 @@ async def run_notebook(path: Path, url: str, token: str, timeout: float = 600) -
         "shutdown_s": ended - marks["cells_done"],
         "total_s": ended - started,
         "code_cells": code_cells,
+        "cell_s": cell_s,
     }

@@ -144,12 +144,29 @@ async def measure_notebooks(
         }
         results[path.stem] = {
             "code_cells": samples["local"][0]["code_cells"],
+            "slowest_cells": slowest_cells(samples),
             **medians,
             "ratio": {
                 p: medians["kernelfleet"][p] / medians["local"][p] for p in notebook_timing.PHASES
             },
         }
     return results
+
+
+def slowest_cells(samples: dict[str, list[dict[str, Any]]], top: int = 3) -> list[Any]:
+    """The `top` code cells kernelfleet adds most time to (median of runs, per side): where a
+    notebook's ratio comes from."""
+    medians = {
+        side: [statistics.median(cells) for cells in zip(*(r["cell_s"] for r in runs), strict=True)]
+        for side, runs in samples.items()
+    }
+    cells = [
+        {"code_cell": i + 1, "local_s": local, "kernelfleet_s": fleet}
+        for i, (local, fleet) in enumerate(
+            zip(medians["local"], medians["kernelfleet"], strict=True)
+        )
+    ]
+    return sorted(cells, key=lambda c: c["local_s"] - c["kernelfleet_s"])[:top]
 
 
 async def benchmark(fleet: Fleet, endpoints: list[rt.Endpoint], args: argparse.Namespace) -> Any:
@@ -245,6 +262,9 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"notebook {name} ({nb['code_cells']} code cells, median of runs):")
         for phase in notebook_timing.PHASES:
             row(f"  {phase[:-2]}", nb[local][phase], nb[fleet][phase], "s", nb["ratio"][phase])
+        for cell in nb["slowest_cells"]:
+            row(f"    code cell {cell['code_cell']} (most added)", cell["local_s"],
+                cell["kernelfleet_s"], "s", cell["kernelfleet_s"] / cell["local_s"])  # fmt: skip
     mem = report["memory"]
     lines.append(
         f"idle kernel memory: local {mem['local']['processes']} process, kernelfleet "
