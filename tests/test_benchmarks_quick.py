@@ -79,3 +79,34 @@ def test_vs_local_quick_writes_every_figure(tmp_path: Path) -> None:
         if path.split("/")[1] != "load_average_1min" and path.split("/")[2] not in SIGNED:
             assert value > 0, f"{path} = {value}"
     assert "cell round trip p50" in done.stdout
+
+
+STAGES_SCRIPT = SCRIPT.with_name("cell_stages.py")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_cell_stages_cover_the_whole_round_trip(tmp_path: Path) -> None:
+    """Every stage of the stage log is stamped for every cell, on both paths, and the stages
+    follow each other: their means add up to the mean round trip (means are additive)."""
+    out = tmp_path / "stages.json"
+    done = subprocess.run(
+        [sys.executable, str(STAGES_SCRIPT), "--cells", "3", "--warmup", "1", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report["paths"]) == {"D", "E"}
+    for key, path in report["paths"].items():
+        assert path["n"] == 3, key
+        stages = path["stages_ms"]
+        chain = [name for name in stages if "beside the chain" not in name]
+        assert len(chain) == len(stages) - 1 >= 12, key
+        assert all(stages[name]["p50"] >= 0 for name in stages), key
+        total = sum(stages[name]["mean"] for name in chain)
+        assert total == pytest.approx(path["round_trip_ms"]["mean"], rel=1e-6), key
+        assert len(path["raft"]["raft_leader"]) == 1, f"{key}: one Raft leader"
+        assert len(path["raft"]["executor"]) == 1, f"{key}: one executor ran the cell"
