@@ -607,6 +607,7 @@ class ReplicatedKernel(IPythonKernel):
             problems=encoded.problems,
             digests=encoded.digests,
         )
+        stage_stamp(cell_id, "delta_encoded")
         try:
             index = await group.raft.append_with_retry(entry, time.monotonic() + PUBLISH_DEADLINE)
         except Exception as e:
