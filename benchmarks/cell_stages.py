@@ -1,6 +1,7 @@
 """Where a trivial cell's time goes on a replicated kernel: a per-stage breakdown.
 
     python benchmarks/cell_stages.py [--cells 200] [--warmup 10] [--replicas 3] [--json OUT]
+        [--notebook benchmarks/notebooks/pandas_sales.ipynb] [--keep]
 
 A fleet (gateway + 3 host agents, ``--replicas`` replicas a kernel) started with
 ``KERNELFLEET_STAGE_LOG`` set: the gateway and each executor replica then append
@@ -13,7 +14,9 @@ cell and when its reply and idle status arrive. Two client paths, cells interlea
 
 Each interval between consecutive stamps is a stage; they add up to the round trip. The YIELD
 fan-out (the gateway sending the cell to the other replicas after the executor) runs beside the
-chain, so it is reported apart.
+chain, so it is reported apart. With ``--notebook``, the notebook's code cells then run in order
+on a kernel of their own (E), each broken into `NOTEBOOK_STAGES`: where real cells spend what
+kernelfleet adds.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+import nbformat
 
 from kernelfleet.testing import Fleet, KernelWebsocket, percentile, start_fleet
 from kernelfleet.testing.replicas import replica_status
@@ -48,11 +53,21 @@ STAGES = (
     ("request_in", "lead_committed", "executor: LEAD commit (Raft)"),
     ("lead_committed", "owed_deltas_in", "executor: wait for owed deltas"),
     ("owed_deltas_in", "ran", "executor: execution (ipykernel)"),
-    ("ran", "delta_committed", "executor: state delta commit (Raft)"),
+    ("ran", "delta_encoded", "executor: namespace diff + encode (state sync)"),
+    ("delta_encoded", "delta_committed", "executor: state delta commit (Raft)"),
     ("delta_committed", "reply_sent", "executor: reply sent (ipykernel)"),
     ("reply_sent", "execute_reply_in", "zmq -> gateway, reply verified"),
     ("execute_reply_in", "client_reply", "gateway -> client (relay out)"),
     ("client_reply", "client_idle", "reply -> idle status at client"),
+)
+# A notebook cell's stages, coarser: where real cells spend what kernelfleet adds.
+NOTEBOOK_STAGES = (
+    ("client_sent", "request_in", "to the executor"),
+    ("request_in", "lead_committed", "LEAD commit"),
+    ("owed_deltas_in", "ran", "execution"),
+    ("ran", "delta_encoded", "namespace diff + encode"),
+    ("delta_encoded", "delta_committed", "delta commit"),
+    ("delta_committed", "client_idle", "reply to the client"),
 )
 BESIDE = (("lead_sent", "yields_sent", "gateway: YIELD to the other replicas (beside the chain)"),)
 
@@ -61,10 +76,10 @@ def progress(message: str) -> None:
     harness.progress("cell_stages", message)
 
 
-async def timed_cell(kernel: KernelWebsocket) -> dict[str, Any]:
-    """Send ``x = 1``; the client's stamps of sending it and of its reply and idle arriving."""
+async def timed_cell(kernel: KernelWebsocket, code: str = rt.CELL) -> dict[str, Any]:
+    """Send `code`; the client's stamps of sending it and of its reply and idle arriving."""
     sent = time.monotonic()
-    msg_id = kernel.send("execute_request", {"code": rt.CELL, "silent": False})
+    msg_id = kernel.send("execute_request", {"code": code, "silent": False})
     stamps = {"client_sent": sent}
     while len(stamps) < 3:
         msg = await kernel.receive(timeout=60)
@@ -130,6 +145,31 @@ async def measure(
             await rt.call(endpoint, "DELETE", f"/api/kernels/{kernel_id}")
 
 
+async def notebook_cells(endpoint: rt.Endpoint, path: Path) -> list[dict[str, Any]]:
+    """Run the code cells of the notebook at `path` in order on a new kernel; their stamps."""
+    codes = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    kernel_id = (await rt.call(endpoint, "POST", "/api/kernels", {"name": "python3"}))["id"]
+    try:
+        kernel = await rt.open_channels(endpoint, kernel_id)
+        try:
+            return [await timed_cell(kernel, code) for code in codes]
+        finally:
+            kernel.close()
+    finally:
+        await rt.call(endpoint, "DELETE", f"/api/kernels/{kernel_id}")
+
+
+def per_cell(cells: list[dict[str, Any]], logged: dict[str, dict[str, float]]) -> list[Any]:
+    """Each notebook cell's round trip and `NOTEBOOK_STAGES`, in ms."""
+    rows = []
+    for cell in cells:
+        stamps = {**logged.get(cell["msg_id"], {}), **cell}
+        stages = {name: (stamps[b] - stamps[a]) * 1000 for a, b, name in NOTEBOOK_STAGES}
+        total = (stamps["client_idle"] - stamps["client_sent"]) * 1000
+        rows.append({"round_trip_ms": total, "stages_ms": stages})
+    return rows
+
+
 def read_stage_log(path: Path) -> dict[str, dict[str, float]]:
     """cell id -> stage -> time, from the processes' stage log (the first stamp of a stage)."""
     stamps: dict[str, dict[str, float]] = defaultdict(dict)
@@ -171,16 +211,28 @@ async def benchmark(
 ) -> Any:
     progress(f"timing {args.cells} cells per path after {args.warmup} warm-up cells")
     timed, roles = await measure(fleet, endpoints, args.cells, args.warmup)
+    notebook: list[dict[str, Any]] = []
+    if args.notebook is not None:
+        progress(f"running {args.notebook.name}'s code cells on the gateway directly (E)")
+        notebook = await notebook_cells(endpoints[-1], args.notebook)
     logged = read_stage_log(log)
     titles = {"D": "through jupyter_server + extension", "E": "gateway directly"}
-    return {
+    report = {
         "machine": harness.describe_machine(),
-        "parameters": {"cells": args.cells, "warmup": args.warmup, "replicas": args.replicas},
+        "parameters": {
+            "cells": args.cells,
+            "warmup": args.warmup,
+            "replicas": args.replicas,
+            "notebook": None if args.notebook is None else args.notebook.name,
+        },
         "paths": {
             key: {"title": titles[key], "raft": roles[key], **breakdown(cells, logged)}
             for key, cells in timed.items()
         },
     }
+    if notebook:
+        report["notebook_cells"] = per_cell(notebook, logged)
+    return report
 
 
 def render(report: dict[str, Any]) -> str:
@@ -215,6 +267,18 @@ def render(report: dict[str, Any]) -> str:
             f"{key}: the executor {'is' if raft['executor_is_raft_leader'] else 'is not'} its "
             f"group's Raft leader (executor {raft['executor']}, leader {raft['raft_leader']})"
         )
+    if "notebook_cells" in report:
+        lines += ["", f"{report['parameters']['notebook']}, code cells on E (ms):"]
+        names = [name for *_, name in NOTEBOOK_STAGES]
+        lines.append(f"{'cell':>4} {'round trip':>10}" + "".join(f"{n:>24}" for n in names))
+        for i, cell in enumerate(report["notebook_cells"], 1):
+            stages = "".join(f"{cell['stages_ms'][n]:>24.1f}" for n in names)
+            lines.append(f"{i:>4} {cell['round_trip_ms']:>10.1f}{stages}")
+        sums = "".join(
+            f"{sum(c['stages_ms'][n] for c in report['notebook_cells']):>24.1f}" for n in names
+        )
+        total = sum(c["round_trip_ms"] for c in report["notebook_cells"])
+        lines.append(f"{'sum':>4} {total:>10.1f}{sums}")
     return "\n".join(lines)
 
 
@@ -227,6 +291,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--replicas", type=int, default=3, choices=[2, 3])
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
+    parser.add_argument(
+        "--notebook", type=Path,
+        help="also run this notebook's code cells (gateway directly) and break each cell down",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 

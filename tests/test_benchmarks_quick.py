@@ -15,7 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import nbformat
 import pytest
+from nbformat.v4 import new_code_cell, new_notebook
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_local.py"
 SIDES = {"local", "kernelfleet"}
@@ -88,10 +90,14 @@ STAGES_SCRIPT = SCRIPT.with_name("cell_stages.py")
 @pytest.mark.timeout(240)
 def test_cell_stages_cover_the_whole_round_trip(tmp_path: Path) -> None:
     """Every stage of the stage log is stamped for every cell, on both paths, and the stages
-    follow each other: their means add up to the mean round trip (means are additive)."""
-    out = tmp_path / "stages.json"
+    follow each other: their means add up to the mean round trip (means are additive). Each
+    notebook cell is broken down too, its stages within its round trip."""
+    out, notebook_path = tmp_path / "stages.json", tmp_path / "small.ipynb"
+    cells = ["import numpy as np", "a = np.arange(10_000)", "b = a * 2", "float(b.sum())"]
+    nbformat.write(new_notebook(cells=[new_code_cell(code) for code in cells]), notebook_path)
+    arguments = f"--cells 3 --warmup 1 --notebook {notebook_path} --json {out}".split()
     done = subprocess.run(
-        [sys.executable, str(STAGES_SCRIPT), "--cells", "3", "--warmup", "1", "--json", str(out)],
+        [sys.executable, str(STAGES_SCRIPT), *arguments],
         capture_output=True,
         text=True,
         timeout=220,
@@ -110,3 +116,9 @@ def test_cell_stages_cover_the_whole_round_trip(tmp_path: Path) -> None:
         assert total == pytest.approx(path["round_trip_ms"]["mean"], rel=1e-6), key
         assert len(path["raft"]["raft_leader"]) == 1, f"{key}: one Raft leader"
         assert len(path["raft"]["executor"]) == 1, f"{key}: one executor ran the cell"
+    notebook = report["notebook_cells"]
+    assert len(notebook) == len(cells), "every code cell of the notebook"
+    for cell in notebook:
+        stages = cell["stages_ms"].values()
+        assert all(ms >= 0 for ms in stages), cell
+        assert sum(stages) <= cell["round_trip_ms"] * (1 + 1e-9), cell
