@@ -31,6 +31,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -271,9 +272,14 @@ async def measure_starts(endpoints: list[Endpoint], samples: int) -> dict[str, l
 
 
 async def measure_cells(
-    endpoints: list[Endpoint], cells: int, warmup: int
+    endpoints: list[Endpoint],
+    cells: int,
+    warmup: int,
+    before_shutdown: Callable[[dict[str, str]], Awaitable[None]] | None = None,
 ) -> dict[str, list[float]]:
-    """One kernel per configuration; `warmup` cells each, then `cells` timed, interleaved."""
+    """One kernel per configuration; `warmup` cells each, then `cells` timed, interleaved.
+    `before_shutdown`, if given, is awaited with each configuration's kernel id once the cells
+    are done, while the kernels still run (to inspect them idle)."""
     started: list[tuple[Endpoint, str]] = []
     kernels: dict[str, KernelWebsocket] = {}
     try:
@@ -290,6 +296,8 @@ async def measure_cells(
                 times[key].append(await run_cell(kernels[key]))
             if (i + 1) % 50 == 0 or i + 1 == cells:
                 progress(f"cells: {i + 1}/{cells} rounds")
+        if before_shutdown is not None:
+            await before_shutdown({e.config.key: kernel_id for e, kernel_id in started})
         return times
     finally:
         for kernel in kernels.values():

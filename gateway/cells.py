@@ -19,10 +19,12 @@ import contextlib
 import enum
 import json
 import logging
+import os
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 
 from kernelfleet.errors import FleetError, InvalidRequest
 from kernelfleet.gateway.framing import ClientMessage
@@ -35,6 +37,25 @@ IDLE_GRACE = 1.0
 """Seconds a cell whose replica went idle waits for its ``execute_reply`` before it ends as
 IDLE. A replica sends the reply before the idle status, but on another socket: the idle may
 arrive first, and an ``error`` reply must still stop the client's later cells."""
+
+
+STAGE_LOG_ENV = "KERNELFLEET_STAGE_LOG"
+"""Names a file to which the gateway appends a line per stage of each cell's path: off (unset)
+by default; benchmarks/cell_stages.py sets it to map where a cell's time goes."""
+
+
+def _open_stage_log() -> TextIO | None:
+    path = os.environ.get(STAGE_LOG_ENV)
+    return open(path, "a", buffering=1) if path else None  # kept open: a write per stamp
+
+
+_stage_log = _open_stage_log()
+
+
+def stage_stamp(cell_id: str, stage: str) -> None:
+    """Append ``<time.monotonic()> gateway <cell_id> <stage>`` to the stage log, if one is on."""
+    if _stage_log is not None:
+        _stage_log.write(f"{time.monotonic():.6f} gateway {cell_id} {stage}\n")
 
 
 class CellOutcome(enum.Enum):
@@ -313,6 +334,7 @@ class CellQueue:
         if cell is None or cell.id != cell_id or assignment is None or cell.running:
             return
         if assignment.replica_id == replica_id:
+            stage_stamp(cell_id, "execute_input_in")
             cell.running = True
             self._watcher.cell_started(cell, assignment)
 
@@ -359,6 +381,7 @@ class CellQueue:
                 self._wakeup.clear()
                 await self._wakeup.wait()
             cell = self._waiting.popleft()
+            stage_stamp(cell.id, "dequeued")
             self.current = cell
             try:
                 await self._run_cell(cell)
@@ -388,6 +411,7 @@ class CellQueue:
                 return
             finally:
                 self._assigning = None
+            stage_stamp(cell.id, "assigned")
             self.current_assignment = assignment
             try:
                 if not cell.started.done():

@@ -40,6 +40,7 @@ from kernelfleet.gateway.cells import (
     CellQueue,
     CellWatcher,
     cell_gpus,
+    stage_stamp,
     stops_on_error,
 )
 from kernelfleet.gateway.comms import COMM_TYPES, CommTable, comm_id_of
@@ -395,6 +396,7 @@ class KernelLink:
         if parent is not None and message.msg_type == "execute_input":
             self.cells.mark_running(parent, replica_id)
         elif message.msg_type == "status" and parent and b'"idle"' in message.raw_content:
+            stage_stamp(parent, "idle_in")
             self.cells.finish_idle(parent, replica_id)
             if self._idle_owed.get(parent, ("",))[0] == replica_id:
                 del self._idle_owed[parent]
@@ -510,10 +512,12 @@ class ClientLink:
             message.parts, Role.LEAD, executor, cell.attempt, assignment.devices, cell.excluded
         )
         await self._send_to(executor, "shell", lead, message.buffers)
+        stage_stamp(cell.id, "lead_sent")
         yielding = _with_role(message.parts, Role.YIELD, executor, cell.attempt, ())
         for replica_id in yielders:
             with contextlib.suppress(KeyError, zmq.ZMQError):
                 await self._send_to(replica_id, "shell", yielding, message.buffers)
+        stage_stamp(cell.id, "yields_sent")
 
     def show_cell_status(self, cell: Cell, text: str) -> None:
         """Show `text` in the output of a cell that waits in the gateway: a transient display,
@@ -607,6 +611,7 @@ class ClientLink:
 
     def _submit_cell(self, message: ClientMessage) -> None:
         cell = Cell(message, self, None, stops_on_error(message), time.monotonic())
+        stage_stamp(cell.id, "received")
         try:
             cell.gpus = cell_gpus(message)
         except InvalidRequest as e:
@@ -658,6 +663,7 @@ class ClientLink:
                     link.cells.finish(parent, outcome, replica_id)
                     continue  # the cell goes to another replica; its reply will come from there
                 self._pending.pop(parent, None)
+                stage_stamp(parent, "execute_reply_in")
                 link.cells.finish(parent, outcome, replica_id)
             self.deliver(channel, message)
 

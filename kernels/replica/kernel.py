@@ -40,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import IPython
 from ipykernel.ipkernel import IPythonKernel
@@ -99,6 +99,25 @@ class _Group:
     store: ObjectStore
     loop: asyncio.AbstractEventLoop
     """The main thread's loop: the log's callbacks and calls belong there."""
+
+
+STAGE_LOG_ENV = "KERNELFLEET_STAGE_LOG"
+"""As the gateway's (`kernelfleet.gateway.cells.STAGE_LOG_ENV`): a file to which the executor
+appends a line per stage of each cell it leads; off (unset) by default."""
+
+
+def _open_stage_log() -> TextIO | None:
+    path = os.environ.get(STAGE_LOG_ENV)
+    return open(path, "a", buffering=1) if path else None  # kept open: a write per stamp
+
+
+_stage_log = _open_stage_log()
+
+
+def stage_stamp(cell_id: str, stage: str) -> None:
+    """Append ``<time.monotonic()> replica <cell_id> <stage>`` to the stage log, if one is on."""
+    if _stage_log is not None:
+        _stage_log.write(f"{time.monotonic():.6f} replica {cell_id} {stage}\n")
 
 
 def hold_port(address: str) -> socket.socket | None:
@@ -389,11 +408,13 @@ class ReplicatedKernel(IPythonKernel):
             ran_on = self.order.leads[(cell_id, attempt)]
             await self._answer_ran_elsewhere(stream, ident, parent, ran_on)
             return
+        stage_stamp(cell_id, "request_in")
         lead = Proposal(
             cell_id=cell_id, replica_id=self.replica_id, role=Role.LEAD, attempt=attempt
         )
         try:
             index = await group.raft.append_with_retry(lead, time.monotonic() + LEAD_DEADLINE)
+            stage_stamp(cell_id, "lead_committed")
         except Exception as e:
             self.log.error("replica %s cannot lead cell %s: %s", self.replica_id, cell_id, e)
             self._refuse(stream, ident, parent, f"this replica cannot reach its group ({e})")
@@ -411,10 +432,12 @@ class ReplicatedKernel(IPythonKernel):
             return
         self.log.debug("cell %s (attempt %d): led at entry %d", cell_id, attempt, index)
         await self._wait_for_owed_deltas()
+        stage_stamp(cell_id, "owed_deltas_in")
         self._bind_gpus(tuple(options.get(CellKey.DEVICES) or ()))
         self.unpublished = cell_id
         try:
             await super().execute_request(stream, ident, parent)
+            stage_stamp(cell_id, "reply_sent")
         finally:
             self.unpublished = None
 
@@ -428,7 +451,9 @@ class ReplicatedKernel(IPythonKernel):
         cell_id, group = self.unpublished, self.group
         if cell_id is None or group is None:
             return reply
+        stage_stamp(cell_id, "ran")
         problem = await self._publish(group, cell_id)
+        stage_stamp(cell_id, "delta_committed")
         if problem is not None:
             why = (
                 f"this replica ran the cell but cannot reach its group to keep its state: {problem}"
@@ -582,6 +607,7 @@ class ReplicatedKernel(IPythonKernel):
             problems=encoded.problems,
             digests=encoded.digests,
         )
+        stage_stamp(cell_id, "delta_encoded")
         try:
             index = await group.raft.append_with_retry(entry, time.monotonic() + PUBLISH_DEADLINE)
         except Exception as e:

@@ -1,0 +1,124 @@
+"""``benchmarks/vs_local.py --quick`` runs end to end and writes every figure it promises.
+
+The figures themselves belong to the machine that measures them: printed, never compared with a
+target. What is checked is the document's shape and that each figure is a real measurement (a
+positive number), so a phase that silently measured nothing fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_local.py"
+SIDES = {"local", "kernelfleet"}
+PHASES = {"start_s", "cells_s", "shutdown_s", "total_s"}
+SIGNED = {"replica_beyond_plain"}  # a difference: its sign is what it reports
+
+
+def figures(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """Every leaf of the JSON document with its path."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from figures(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from figures(value, f"{path}/{i}")
+    else:
+        yield path, node
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_vs_local_quick_writes_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "vs_local.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+
+    assert report["parameters"]["replicas"] == 3
+    assert report["roundtrip_ms"].keys() == SIDES
+    assert all(
+        side["n"] == report["parameters"]["cells"] for side in report["roundtrip_ms"].values()
+    )
+    for lifecycle in ("kernel_start_s", "shutdown_s"):
+        assert report[lifecycle].keys() == SIDES
+        assert all(len(side["samples"]) == 1 for side in report[lifecycle].values())
+    (name, notebook), *others = report["notebooks"].items()
+    assert (name, others) == ("pandas_sales", [])
+    assert notebook["code_cells"] >= 15
+    assert notebook["local"].keys() == notebook["kernelfleet"].keys() == PHASES
+    memory = report["memory"]
+    assert memory["local"]["processes"] == 1
+    assert memory["kernelfleet"]["processes"] == 3, "one process per replica"
+    assert set(report["ratios"]) == {
+        "roundtrip_p50", "roundtrip_p99", "kernel_start", "shutdown", "idle_kernel_pss",
+        "notebook_pandas_sales_total", "notebook_pandas_sales_cells",
+    }  # fmt: skip
+
+    measured = [
+        (p, v) for p, v in figures(report) if p.split("/")[1] not in ("machine", "parameters")
+    ]
+    assert len(measured) > 40
+    for path, value in measured:
+        assert isinstance(value, int | float), path
+        assert math.isfinite(value), path
+        if path.split("/")[1] != "load_average_1min" and path.split("/")[2] not in SIGNED:
+            assert value > 0, f"{path} = {value}"
+    assert "cell round trip p50" in done.stdout
+
+
+STAGES_SCRIPT = SCRIPT.with_name("cell_stages.py")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_cell_stages_cover_the_whole_round_trip(tmp_path: Path) -> None:
+    """Every stage of the stage log is stamped for every cell, on both paths, and the stages
+    follow each other: their means add up to the mean round trip (means are additive). Each
+    notebook cell is broken down too, its stages within its round trip."""
+    out, notebook_path = tmp_path / "stages.json", tmp_path / "small.ipynb"
+    cells = ["import numpy as np", "a = np.arange(10_000)", "b = a * 2", "float(b.sum())"]
+    nbformat.write(new_notebook(cells=[new_code_cell(code) for code in cells]), notebook_path)
+    arguments = f"--cells 3 --warmup 1 --notebook {notebook_path} --json {out}".split()
+    done = subprocess.run(
+        [sys.executable, str(STAGES_SCRIPT), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report["paths"]) == {"D", "E"}
+    for key, path in report["paths"].items():
+        assert path["n"] == 3, key
+        stages = path["stages_ms"]
+        chain = [name for name in stages if "beside the chain" not in name]
+        assert len(chain) == len(stages) - 1 >= 12, key
+        assert all(stages[name]["p50"] >= 0 for name in stages), key
+        total = sum(stages[name]["mean"] for name in chain)
+        assert total == pytest.approx(path["round_trip_ms"]["mean"], rel=1e-6), key
+        assert len(path["raft"]["raft_leader"]) == 1, f"{key}: one Raft leader"
+        assert len(path["raft"]["executor"]) == 1, f"{key}: one executor ran the cell"
+    notebook = report["notebook_cells"]
+    assert len(notebook) == len(cells), "every code cell of the notebook"
+    for cell in notebook:
+        stages = cell["stages_ms"].values()
+        assert all(ms >= 0 for ms in stages), cell
+        assert sum(stages) <= cell["round_trip_ms"] * (1 + 1e-9), cell
