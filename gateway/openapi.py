@@ -30,6 +30,7 @@ from kernelfleet.gateway.openapi_builders import (
 )
 from kernelfleet.gateway.openapi_gpu_settings import gpu_settings_paths, gpu_settings_schemas
 from kernelfleet.gateway.openapi_jobs import job_paths, job_schemas
+from kernelfleet.gateway.openapi_tool_workers import tool_worker_paths, tool_worker_schemas
 
 _NULLABLE_STRING = {"type": "string", "nullable": True}
 _SECONDS = {"type": "number", "minimum": 0}
@@ -216,8 +217,22 @@ _SCHEMAS: dict[str, Any] = {
                 "isolation": {**_ISOLATION, "nullable": True},
                 "gpu_type": {"type": "string", "minLength": 1},
                 "jobs": {"type": "array", "items": {"type": "object"}},
+                "workers": {
+                    "type": "array",
+                    "items": {"type": "object"},
+                    "description": "The tool workers the agent runs or saw exit.",
+                },
             },
-            optional=("id", "instance", "gpus", "replicas", "isolation", "gpu_type", "jobs"),
+            optional=(
+                "id",
+                "instance",
+                "gpus",
+                "replicas",
+                "isolation",
+                "gpu_type",
+                "jobs",
+                "workers",
+            ),
         ),
         "additionalProperties": True,
     },
@@ -603,6 +618,8 @@ _SCHEMAS.update(job_schemas())
 _PATHS.update(job_paths(_AUTH_ERRORS))
 _SCHEMAS.update(gpu_settings_schemas())
 _PATHS.update(gpu_settings_paths(_KERNEL_ID, _AUTH_ERRORS))
+_SCHEMAS.update(tool_worker_schemas())
+_PATHS.update(tool_worker_paths(_KERNEL_ID, _AUTH_ERRORS))
 
 _SPEC: dict[str, Any] = {
     "openapi": "3.0.3",

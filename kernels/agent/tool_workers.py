@@ -8,13 +8,14 @@ stage workers, say. The gateway places them and calls each host's agent (``POST
 agent's, SIGTERM then SIGKILL to stop it, an exit reported at once in the host report's
 ``workers``), with these differences:
 
-- what runs is ``python -u -m MODULE ARGS``, and only a module of `ALLOWED_MODULES`: the gateway
-  checks the request against the same list and the agent checks again;
+- what runs is ``python -u -m MODULE ARGS``, and only a module of
+  `kernelfleet.protocol.TOOL_WORKER_MODULES`: the gateway checks the request against the same
+  list and the agent checks again;
 - it runs as the user of the kernel it serves (`Isolation.owner` of the kernel id) when kernels
   run as users of their own, so it reads and writes what the kernel may and nothing else;
 - its environment is the agent's, scrubbed of the fleet token and of the gateway's address,
-  plus the keys of `ALLOWED_ENV` the request gives, and ``CUDA_VISIBLE_DEVICES`` (and
-  ``KERNELFLEET_GPUS``) exactly its devices;
+  plus the keys of `kernelfleet.protocol.TOOL_WORKER_ENV` the request gives, and
+  ``CUDA_VISIBLE_DEVICES`` (and ``KERNELFLEET_GPUS``) exactly its devices;
 - an agent started again does not adopt the workers of the one before (their driver, a cell,
   is gone by then): the agent stops them all when it stops.
 """
@@ -30,46 +31,16 @@ from typing import Any
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.kernels.agent.jobs import SCRUBBED_ENV, JobRequest, JobTable
 from kernelfleet.kernels.agent.kernel_process import ReplicaFolders
-from kernelfleet.protocol import JobEnv, ReplicaEnv
+from kernelfleet.protocol import (
+    JobEnv,
+    ReplicaEnv,
+    check_tool_args,
+    check_tool_env,
+    check_tool_module,
+)
 
 WORKER_ID = re.compile(r"wrk-[A-Za-z0-9_-]{1,64}")
 KERNEL_ID = re.compile(r"[\w-]{1,128}")
-
-ALLOWED_MODULES = frozenset({"kernelfleet.tools.pipeline.worker"})
-"""The modules a tool worker may run: the tools' own worker programs, nothing a cell names."""
-
-ALLOWED_ENV = frozenset({"KERNELFLEET_PIPELINE_TOKEN"})
-"""The environment variables a request may set (a run's secret, say); nothing else passes."""
-
-
-def check_module(module: Any) -> str:
-    """`module` if it is on the allow-list, else `InvalidRequest` naming the list."""
-    if module not in ALLOWED_MODULES:
-        raise InvalidRequest(
-            f"module {module!r} may not be started as a tool worker; allowed: "
-            + ", ".join(sorted(ALLOWED_MODULES))
-        )
-    return str(module)
-
-
-def check_env(env: Any) -> dict[str, str]:
-    """`env` if it maps allowed names to strings, else `InvalidRequest`."""
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-    ):
-        raise InvalidRequest("'env' must map names to strings")
-    refused = sorted(set(env) - ALLOWED_ENV)
-    if refused:
-        raise InvalidRequest(
-            f"'env' may set only {', '.join(sorted(ALLOWED_ENV))}, not {', '.join(refused)}"
-        )
-    return dict(env)
-
-
-def check_args(args: Any) -> tuple[str, ...]:
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise InvalidRequest("'args' must be a list of strings")
-    return tuple(args)
 
 
 @dataclass(frozen=True)
@@ -93,9 +64,9 @@ class WorkerRequest(JobRequest):
         return cls(
             job_id=worker_id,
             devices=tuple(devices),
-            env=check_env(body.get("env", {})),
-            args=check_args(body.get("args", [])),
-            module=check_module(body.get("module")),
+            env=check_tool_env(body.get("env", {})),
+            args=check_tool_args(body.get("args", [])),
+            module=check_tool_module(body.get("module")),
             kernel_id=kernel_id,
         )
 
@@ -113,12 +84,12 @@ class WorkerTable(JobTable):
 
     def _command(self, request: JobRequest, folders: ReplicaFolders) -> list[str]:
         assert isinstance(request, WorkerRequest)
-        return [sys.executable, "-u", "-m", check_module(request.module), *request.args]
+        return [sys.executable, "-u", "-m", check_tool_module(request.module), *request.args]
 
     def _job_env(self, request: JobRequest, folder_env: Mapping[str, str]) -> dict[str, str]:
         gone = {*SCRUBBED_ENV, *(name.value for name in JobEnv), ReplicaEnv.KERNEL_TOKEN.value}
         env = {k: v for k, v in self._base_env.items() if k not in gone}
-        env.update(check_env(dict(request.env)))
+        env.update(check_tool_env(dict(request.env)))
         env.update(folder_env)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(request.devices)
         env["KERNELFLEET_GPUS"] = ",".join(request.devices)
