@@ -287,7 +287,8 @@ class ToolWorkerService:
             return f"cell {group.cell_id} ended"
         if all(worker.state == "exited" for worker in group.workers):
             return "all its workers exited"
-        if self._ledger.holds(group.id) != group.holds():
+        held = {host: set(devices) for host, devices in self._ledger.holds(group.id).items()}
+        if held != {host: set(devices) for host, devices in group.holds().items()}:
             return "the GPU ledger no longer holds all its devices"
         for worker in group.workers:
             with contextlib.suppress(NotFound):
@@ -356,7 +357,8 @@ class ToolWorkerService:
         known: set[str] = set()
         for group in self._groups.values():
             for worker in group.workers:
-                known.add(worker.id)
+                if group.state != "ended":  # a late launch for an ended group is a stray
+                    known.add(worker.id)
                 if worker.host_id != host.id or group.state != "running":
                     continue
                 seen = reported.get(worker.id)
