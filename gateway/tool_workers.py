@@ -66,18 +66,25 @@ class KernelCells(Protocol):
 
 
 class KernelServiceCells:
-    """`KernelCells` over the kernel table: a kernel's running cell is its newest cell that
-    started and has not ended (`KernelRecord.recent_cells`), on the host it started on."""
+    """`KernelCells` over the kernel service. A kernel's running cell is its oldest cell that
+    has not ended (`KernelRecord.recent_cells`: cells run one at a time, in order), even before
+    the gateway hears that it started (the kernel's code may ask for workers sooner); its host
+    is the one its GPUs are bound on, else the executor replica's, else the first replica's."""
 
     def __init__(self, kernels: Any) -> None:
         self._kernels = kernels
 
     def running_cell(self, kernel_id: str) -> RunningCell | None:
         kernel = self._kernels.get(kernel_id)
-        for cell in reversed(kernel.recent_cells):
-            if cell.started_at is not None:
-                return RunningCell(cell.id, cell.host) if cell.outcome is None else None
-        return None
+        cell = next((c for c in kernel.recent_cells if c.outcome is None), None)
+        if cell is None:
+            return None
+        ledger: GpuLedger = self._kernels.ledger
+        bound = (ledger.binding(kernel_id, replica.id) for replica in kernel.replicas)
+        hosts = [b.host_id for b in bound if b is not None and b.cell_id == cell.id]
+        hosts += [r.host_id for r in kernel.replicas if r.id == kernel.executor]
+        hosts += [r.host_id for r in kernel.replicas]
+        return RunningCell(cell.id, cell.host or (hosts[0] if hosts else None))
 
 
 class JobsToPreempt(Protocol):

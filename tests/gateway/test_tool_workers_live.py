@@ -101,7 +101,8 @@ async def test_pipeline_workers_on_other_hosts_of_a_live_fleet(fleet: Any) -> No
         ran = result(await client.execute(RUN, timeout=240))
         (group,) = ran["groups"]
         assert group["state"] == "ended"
-        assert group["ended_why"] == "deleted"
+        # the workers leave when the driver closes; the run then deletes the group
+        assert group["ended_why"] in ("deleted", "all its workers exited")
         workers = group["workers"]
         assert [w["index"] for w in workers] == [0, 1, 2]
         assert all(w["state"] == "exited" and w["exit_code"] == 0 for w in workers), workers
