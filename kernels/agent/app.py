@@ -651,6 +651,9 @@ class HostAgentApp(Application):
         adopted = self.jobs.adopt()
         if adopted:
             self.log.info("jobs of the previous agent found again: %s", ", ".join(adopted))
+        ended = await self.workers.end_leftovers(grace=self.job_stop_timeout)
+        if ended:
+            self.log.info("tool workers of the previous agent stopped: %s", ", ".join(ended))
         watcher = asyncio.create_task(self.replicas.watch())
         beats = asyncio.create_task(self.heartbeat.run()) if self.heartbeat else None
         linking = asyncio.create_task(self.link.run()) if self.link else None

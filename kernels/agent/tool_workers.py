@@ -16,8 +16,9 @@ agent's, SIGTERM then SIGKILL to stop it, an exit reported at once in the host r
 - its environment is the agent's, scrubbed of the fleet token and of the gateway's address,
   plus the keys of `kernelfleet.protocol.TOOL_WORKER_ENV` the request gives, and
   ``CUDA_VISIBLE_DEVICES`` (and ``KERNELFLEET_GPUS``) exactly its devices;
-- an agent started again does not adopt the workers of the one before (their driver, a cell,
-  is gone by then): the agent stops them all when it stops.
+- an agent started again does not keep the workers of the one before (their cell, and the
+  gateway's group, are gone by then): it stops those still running and removes their folders
+  (`end_leftovers`); an agent stops all its workers when it stops.
 """
 
 from __future__ import annotations
@@ -94,3 +95,12 @@ class WorkerTable(JobTable):
         env["CUDA_VISIBLE_DEVICES"] = ",".join(request.devices)
         env["KERNELFLEET_GPUS"] = ",".join(request.devices)
         return env
+
+    async def end_leftovers(self, grace: float) -> list[str]:
+        """At agent start: stop the workers a previous agent left running (SIGTERM, `grace`,
+        SIGKILL) and forget them all, folders included. Returns their ids."""
+        found = self.adopt()
+        await self.stop_all(grace)
+        for worker_id in found:
+            self.forget(worker_id)
+        return found

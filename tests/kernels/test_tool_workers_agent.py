@@ -34,6 +34,7 @@ def test_only_allowed_modules_and_environment_variables_pass() -> None:
         WorkerRequest.from_json(body(args="--x"))
 
 
+@pytest.mark.slow
 async def test_a_worker_runs_the_module_on_its_devices_without_the_fleet_token(tmp_path):
     listener = Listener("secret")
     base = {"PATH": "/usr/bin:/bin", "KERNELFLEET_TOKEN": "fleet", "KERNELFLEET_GATEWAY_URL": "u",
@@ -62,3 +63,23 @@ async def test_a_worker_runs_the_module_on_its_devices_without_the_fleet_token(t
     finally:
         listener.close()
         await table.stop_all(grace=1)
+
+
+@pytest.mark.slow
+async def test_an_agent_started_again_stops_the_workers_it_finds(tmp_path):
+    listener = Listener("secret")
+    first = WorkerTable(tmp_path, SAME_USER)
+    try:
+        args = [listener.host, str(listener.port), "0"]
+        await first.start(WorkerRequest.from_json(body(args=args)))
+        channel = await asyncio.to_thread(listener.accept, 30.0)  # running, waiting
+        second = WorkerTable(tmp_path, SAME_USER)
+        assert await second.end_leftovers(grace=5) == ["wrk-a"]
+        await asyncio.wait_for(first.get("wrk-a").done.wait(), 10)  # reaped by its parent
+        assert first.get("wrk-a").exit_code is not None
+        assert second.models() == []
+        assert not (tmp_path / "workers" / "wrk-a").exists()
+        channel.close()
+    finally:
+        listener.close()
+        await first.stop_all(grace=1)
