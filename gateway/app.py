@@ -395,7 +395,10 @@ class GatewayApp(Application):
             self.exit(2)
         self.kernels.preempt_jobs_with(self.jobs)
         self.tool_workers = ToolWorkerService(
-            self.hosts, self.kernels.ledger, KernelServiceCells(self.kernels), self.jobs
+            self.hosts,
+            self.kernels.ledger,
+            KernelServiceCells(self.kernels, self.kernels.ledger),
+            self.jobs,
         )
 
     def _largest_host_gpus(self) -> int:

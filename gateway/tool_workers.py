@@ -40,6 +40,7 @@ from typing import Any, Protocol
 from kernelfleet.errors import Conflict, FleetError, InvalidRequest, NotFound
 from kernelfleet.gateway.hosts import HostRecord, HostRegistry
 from kernelfleet.gateway.ledger import GpuLedger
+from kernelfleet.gateway.records import KernelRecord
 from kernelfleet.gateway.worker_placement import WorkerSlot, place_workers
 from kernelfleet.protocol import check_tool_args, check_tool_env, check_tool_module
 
@@ -65,22 +66,27 @@ class KernelCells(Protocol):
         """The kernel's running cell, None when it runs none; `NotFound` for no such kernel."""
 
 
+class KernelsById(Protocol):
+    def get(self, kernel_id: str) -> KernelRecord:
+        """The kernel; `NotFound` if there is none."""
+
+
 class KernelServiceCells:
     """`KernelCells` over the kernel service. A kernel's running cell is its oldest cell that
     has not ended (`KernelRecord.recent_cells`: cells run one at a time, in order), even before
     the gateway hears that it started (the kernel's code may ask for workers sooner); its host
     is the one its GPUs are bound on, else the executor replica's, else the first replica's."""
 
-    def __init__(self, kernels: Any) -> None:
+    def __init__(self, kernels: KernelsById, ledger: GpuLedger) -> None:
         self._kernels = kernels
+        self._ledger = ledger
 
     def running_cell(self, kernel_id: str) -> RunningCell | None:
         kernel = self._kernels.get(kernel_id)
         cell = next((c for c in kernel.recent_cells if c.outcome is None), None)
         if cell is None:
             return None
-        ledger: GpuLedger = self._kernels.ledger
-        bound = (ledger.binding(kernel_id, replica.id) for replica in kernel.replicas)
+        bound = (self._ledger.binding(kernel_id, replica.id) for replica in kernel.replicas)
         hosts = [b.host_id for b in bound if b is not None and b.cell_id == cell.id]
         hosts += [r.host_id for r in kernel.replicas if r.id == kernel.executor]
         hosts += [r.host_id for r in kernel.replicas]
