@@ -24,6 +24,10 @@ checks all but the first (deletion acts at once); host reports update the worker
 once. Ended groups are kept (the last `KEPT_ENDED` of each kernel) for ``GET``, with their
 workers' exit codes and log tails. A running worker that a host reports but no group knows (a
 gateway restarted under it) is stopped.
+
+Known gap: when a kernel goes (or a host is dropped), the ledger ends its holds at once, with
+its claims, while the sweep stops the workers up to ``sweep_s`` seconds (plus the grace) later;
+a cell could be given such a device in that window.
 """
 
 from __future__ import annotations
