@@ -186,11 +186,22 @@ _SCHEMAS: dict[str, Any] = {
                             {
                                 "id": {"type": "string"},
                                 "lent_to_job": _NULLABLE_STRING,
+                                "held_for_workers": {
+                                    **closed_object(
+                                        {
+                                            "kernel_id": {"type": "string"},
+                                            "group_id": {"type": "string"},
+                                        }
+                                    ),
+                                    "nullable": True,
+                                },
                                 "relative_speed": {"type": "number", "minimum": 0},
                                 "fingerprint": {**ref("GpuFingerprint"), "nullable": True},
                             }
                         ),
                         "description": "Its devices; `lent_to_job`: the job it is lent to; "
+                        "`held_for_workers`: the kernel and group of tool workers it is held "
+                        "for (`/api/fleet/kernels/{id}/workers`); "
                         "`relative_speed`: its speed against the median GPU of its type in the "
                         "fleet (a virtual GPU's configured factor; 1.0 when unknown); "
                         "`fingerprint`: what its agent measured at start (null: nothing).",

@@ -80,6 +80,9 @@ group = fleet.start_workers(1, "kernelfleet.tools.pipeline.worker",
                             args=[listener.host, str(listener.port), "0"],
                             env={TOKEN_ENV: "a-secret"})
 waiting = listener.accept(60)  # the worker connected, and now waits for a session
+group["held"] = [[host["id"], device["id"], device["held_for_workers"]]
+                 for host in fleet.hosts() for device in host["gpus"]["devices"]
+                 if device["held_for_workers"]]
 print("RESULT", json.dumps(group))
 """
 
@@ -148,6 +151,9 @@ async def test_pipeline_workers_on_other_hosts_of_a_live_fleet(fleet: Any) -> No
         # a cell that ends leaves its workers behind: the gateway reaps them and frees the GPU
         started = result(await client.execute(LEFT_RUNNING, timeout=120))
         path = f"/api/fleet/kernels/{kernel_id}/workers/{started['id']}"
+        (worker,) = started["workers"]
+        holder = {"kernel_id": kernel_id, "group_id": started["id"]}
+        assert started["held"] == [[worker["host"], worker["devices"][0], holder]]
 
         def reaped() -> bool:
             return fleet.api("GET", path)["state"] == "ended"
