@@ -1,7 +1,7 @@
 """Tool workers on a live fleet (issue 15): a ``%%gpus 1`` cell runs ``%pipeline run`` on 4
 workers, 3 of them started by the fleet on other GPUs (of its own host and another), trains
-exactly as one process does, and leaves every GPU free; a fleet worker's error fails the run
-with its traceback; the API refuses what it must; the workers of a cell that ended are reaped.
+exactly as one process does, and leaves every GPU free; a fleet worker's death fails the run
+naming it and its host; the API refuses what it must; the workers of a cell that ended are reaped.
 
 One test on the shared fleet (3 hosts of 2 virtual GPUs), one kernel: workers import torch,
 which costs seconds each on the test machine.
@@ -51,9 +51,10 @@ print("trained as one process")
 """
 
 FAILING = """%%gpus 1
-def bad_loss(output, target):
-    raise ValueError("no loss today")
-%pipeline run model x y --loss bad_loss --schedule gpipe --microbatches 2 --stages 0-0,1-2,3-3,4-4
+def fatal_loss(output, target):
+    import os, signal
+    os.kill(os.getpid(), signal.SIGKILL)
+%pipeline run model x y --loss fatal_loss --schedule gpipe --microbatches 2 --stages 0-0,1-2,3-3,4-4
 """
 
 REFUSALS = """%%gpus 1
@@ -127,13 +128,17 @@ async def test_pipeline_workers_on_other_hosts_of_a_live_fleet(fleet: Any) -> No
         assert checked.reply["status"] == "ok", checked.reply
         wait_for(lambda: held_gpus(fleet) == 0, 15, "every GPU free after the run")
 
-        # the last stage's worker runs on another host: its error comes back, and all end
+        # the last stage's worker, on another host, dies: its host's agent tells the gateway,
+        # the run fails saying so, and every worker ends
         failing = await client.execute(FAILING, timeout=240)
         assert failing.reply["ename"] == "WorkerFailed"
-        assert failing.reply["evalue"].startswith("worker 3 failed:\nTraceback")
-        assert "ValueError: no loss today" in failing.reply["evalue"]
         last = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}/workers")[-1]
+        dead = last["workers"][2]
+        assert failing.reply["evalue"] == (
+            f"worker 3 died (signal 9) on host {dead['host']} (GPU {dead['devices'][0]})"
+        )
         assert last["state"] == "ended"
+        assert [w["state"] for w in last["workers"]] == ["exited"] * 3
         wait_for(lambda: held_gpus(fleet) == 0, 15, "every GPU free after the failed run")
 
         refused = result(await client.execute(REFUSALS))

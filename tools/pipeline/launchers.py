@@ -40,6 +40,8 @@ class Workers(Protocol):
     """Worker processes of some ranks of a pool."""
 
     ranks: tuple[int, ...]
+    notice_s: float
+    """How long after a worker dies its exit code may take to show (`exit_code`)."""
 
     def exit_code(self, rank: int) -> int | None:
         """Its exit code (negative: the signal that killed it); None while it runs."""
@@ -67,6 +69,8 @@ def wait_exit(workers: Workers, rank: int, timeout: float) -> int | None:
 class LocalWorkers:
     """Ranks `ranks` as child processes; rank ``r`` sees GPU ``gpus[i]`` (its position ``i``
     in `ranks`), or no GPU when `gpus` is empty."""
+
+    notice_s = 0.5
 
     def __init__(
         self, ranks: Sequence[int], host: str, port: int, token: str, gpus: Sequence[str]
@@ -122,6 +126,8 @@ class FleetWorkers:
 
     REFRESH_S = 0.25
     """The group's state is asked of the gateway at most this often."""
+    notice_s = 3.0
+    """An exit reaches the driver through its agent's report to the gateway, then a poll."""
 
     def __init__(
         self, client: FleetClient, ranks: Sequence[int], host: str, port: int, token: str

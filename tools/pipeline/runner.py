@@ -348,8 +348,9 @@ class WorkerPool:
         )
 
     def _killed(self) -> WorkerFailed | None:
-        """A worker killed by a signal, waiting briefly: it is the cause of what follows."""
-        deadline = time.monotonic() + 0.5
+        """A worker killed by a signal, waiting briefly (as long as the slowest launcher takes
+        to learn of a death): it is the cause of what follows."""
+        deadline = time.monotonic() + max((w.notice_s for w in self.workers), default=0.5)
         while True:
             for rank in range(self.ranks):
                 workers = self._of(rank)
