@@ -266,6 +266,11 @@ class ToolWorkerService:
         """End a group (deleted): its workers stopped, its devices freed. Idempotent."""
         return await self._end(self.get(kernel_id, group_id), "deleted")
 
+    async def ending(self, group: WorkerGroup) -> WorkerGroup:
+        """The group once the ending under way (a sweep's, say) is done; at once if none is."""
+        task = self._ending.get(group.id)
+        return group if task is None else await asyncio.shield(task)
+
     async def refresh_logs(self, group: WorkerGroup) -> WorkerGroup:
         """Fetch the log tails of the group's workers from their agents (those it can)."""
 

@@ -80,7 +80,7 @@ async def test_a_groups_gpus_are_held_while_it_lives_and_freed_however_it_ends(h
         (channel,) = await connected(listener, 1)
         cells.cell = RunningCell("cell-2", None)
         service.sweep()
-        await asyncio.wait_for(service._ending[group.id], 30)
+        await asyncio.wait_for(service.ending(group), 30)
         assert group.ended_why == "cell cell-1 ended"
         assert ledger.holds(group.id) == {}
         channel.close()
@@ -91,7 +91,7 @@ async def test_a_groups_gpus_are_held_while_it_lives_and_freed_however_it_ends(h
         group = await service.start("k", {**body, "count": 1, "args_each": [["0"]]})
         (channel,) = await connected(listener, 1)
         hosts.check_liveness(now=100.0)
-        await asyncio.wait_for(service._ending[group.id], 30)
+        await asyncio.wait_for(service.ending(group), 30)
         assert group.ended_why == f"host {agent.host_id} was lost"
         assert ledger.holds(group.id) == {}
         await report(hosts, ledger, agent, now=101.0)  # back: it still runs the worker
