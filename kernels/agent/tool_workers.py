@@ -16,9 +16,10 @@ agent's, SIGTERM then SIGKILL to stop it, an exit reported at once in the host r
 - its environment is the agent's, scrubbed of the fleet token and of the gateway's address,
   plus the keys of `kernelfleet.protocol.TOOL_WORKER_ENV` the request gives, and
   ``CUDA_VISIBLE_DEVICES`` (and ``KERNELFLEET_GPUS``) exactly its devices;
-- an agent started again does not keep the workers of the one before (their cell, and the
-  gateway's group, are gone by then): it stops those still running and removes their folders
-  (`end_leftovers`); an agent stops all its workers when it stops.
+- a worker outlives no agent: an agent stops all its workers when it stops, and one started
+  again stops those a previous agent left running and removes their folders (`end_leftovers`);
+  the gateway, seeing a restarted agent report without them, counts them exited, and the run
+  they served fails.
 """
 
 from __future__ import annotations
