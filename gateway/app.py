@@ -39,6 +39,7 @@ from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
 from kernelfleet.gateway.objects_gc import KernelObjectsCollector
 from kernelfleet.gateway.records import ReplicationSettings
 from kernelfleet.gateway.store import KernelStore, StateUnreadable
+from kernelfleet.gateway.tool_workers import KernelServiceCells, ToolWorkerService
 from kernelfleet.kernels.objectstore import prepare_shared_root
 from kernelfleet.privileges import mark_non_dumpable
 from kernelfleet.runtime_file import GatewayRuntime, remove_runtime, write_runtime
@@ -404,6 +405,12 @@ class GatewayApp(Application):
             self.log.critical("%s", e)
             self.exit(2)
         self.kernels.preempt_jobs_with(self.jobs)
+        self.tool_workers = ToolWorkerService(
+            self.hosts,
+            self.kernels.ledger,
+            KernelServiceCells(self.kernels, self.kernels.ledger),
+            self.jobs,
+        )
 
     def _largest_host_gpus(self) -> int:
         """GPUs of the largest host a cell could run on now, or that the autoscaler could add."""
@@ -428,6 +435,7 @@ class GatewayApp(Application):
             kernel_token_check=self.kernels.kernel_of_token,
             kernel_service=self.kernels,
             job_service=self.jobs,
+            tool_workers=self.tool_workers,
             gpu_settings=self.gpu_settings,
             host_registry=self.hosts,
             kernelspecs=self.kernelspecs,
@@ -469,6 +477,7 @@ class GatewayApp(Application):
         recovery = asyncio.create_task(self.kernels.recover(grace=self.recovery_grace))
         objects_gc = asyncio.create_task(self._objects_collector().run())
         job_rounds = asyncio.create_task(self.jobs.run(stop))
+        tool_workers = asyncio.create_task(self.tool_workers.run(stop))
         scaling = None
         if provider is not None:
             self.autoscaler = self._autoscaler(provider)
@@ -482,6 +491,7 @@ class GatewayApp(Application):
         recovery.cancel()
         objects_gc.cancel()
         job_rounds.cancel()
+        tool_workers.cancel()
         if scaling is not None:
             scaling.cancel()
             with contextlib.suppress(asyncio.CancelledError):

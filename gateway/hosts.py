@@ -86,6 +86,8 @@ class HostRecord:
     """The type its GPUs are, as its agent advertises it (job schedulers group GPUs by it)."""
     jobs: list[dict[str, Any]] = field(default_factory=list)
     """The background job processes its agent runs or saw exit (`kernels.agent.jobs`)."""
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    """The tool workers its agent runs or saw exit (`kernels.agent.tool_workers`)."""
     isolation: dict[str, str] | None = None
     """Which user its kernels run as, as the agent reports it (`parse_isolation`); None: it
     did not say."""
@@ -204,6 +206,9 @@ class HostRegistry:
         gpu_type, jobs = body.get("gpu_type", "none"), body.get("jobs", [])
         if not isinstance(gpu_type, str) or not gpu_type or not isinstance(jobs, list):
             raise InvalidRequest("'gpu_type' must be a non-empty string and 'jobs' a list")
+        workers = body.get("workers", [])
+        if not isinstance(workers, list):
+            raise InvalidRequest("'workers' must be a list")
         instance = body.get("instance")
         host = self._hosts.get(host_id)
         if host is not None:
@@ -229,6 +234,7 @@ class HostRegistry:
             )
         host.gpus, host.replicas, host.instance, host.last_seen = gpus, replicas, instance, now
         host.isolation, host.gpu_type, host.jobs = isolation, gpu_type, jobs
+        host.workers = [worker for worker in workers if isinstance(worker, dict)]
         changed = body.get("gpu_settings", [])
         host.gpu_settings = (
             [c for c in changed if isinstance(c, dict)] if isinstance(changed, list) else []

@@ -15,6 +15,14 @@ not a binding, cells first. Cells and their policies see lent devices as free; `
 devices not lent, and when it takes lent ones it ends their loans and names the jobs in
 `Commitment.preempted`, which the caller stops before the cell starts.
 
+A kernel's running cell may also **hold** devices of any hosts for its tool workers (worker
+processes the cell's code starts through the gateway, `kernelfleet.gateway.tool_workers`): a
+hold (`WorkerHold`, per group of workers) is exclusive like a binding, is never lent, counts as
+committed, and is not a binding (it belongs to no replica and may be on hosts where the kernel
+has none). `hold` takes devices lent to jobs last and ends their loans (cells first, as
+`commit`); holds go when `unhold` ends them, when their host is dropped or stops reporting the
+device, and when the kernel's last claim goes (`unsubscribe`, `remove_kernel`).
+
 Besides, the ledger remembers which replica's memory may still be **warm** on a free device (it
 was bound there and has not offloaded since); `commit` prefers a replica's own warm devices and
 says whose warm memory it displaces, so the caller can have that replica offload first.
@@ -61,6 +69,7 @@ from kernelfleet.gateway.ledger_records import (
     HostGpuView,
     LedgerTotals,
     ReplicaKey,
+    WorkerHold,
 )
 from kernelfleet.scheduler.snapshot import HostSnapshot
 
@@ -87,6 +96,8 @@ class _Host:
     warm: dict[str, ReplicaKey] = field(default_factory=dict)
     lent: dict[str, str] = field(default_factory=dict)
     """Device -> the job it is lent to."""
+    held: dict[str, WorkerHold] = field(default_factory=dict)
+    """Device -> the tool workers it is held for."""
     speed_bases: dict[str, SpeedBasis] = field(default_factory=dict)
     """Device -> what its relative speed is derived from (none: 1.0)."""
 
@@ -116,11 +127,12 @@ class GpuLedger:
     """Spec, claims and bindings of every host; see the module docstring.
 
     ``checked``: run `check_invariants` after every mutating method (`set_host`, `drop_host`,
-    `subscribe`, `unsubscribe`, `remove_kernel`, `commit`, `release`, `mark_cold`), once per
-    outermost call. A breach (the first one `check_invariants` finds) is logged at ERROR with
-    the call that revealed it, and counted in ``breaches`` and through ``on_breach(message)``
-    once, when first seen: one that persists is not counted again on every later event, a
-    different one is. Costs one full check (linear in hosts, claims and bindings) per event.
+    `subscribe`, `unsubscribe`, `remove_kernel`, `commit`, `release`, `mark_cold`, `lend`,
+    `reclaim`, `hold`, `unhold`), once per outermost call. A breach (the first one
+    `check_invariants` finds) is logged at ERROR with the call that revealed it, and counted
+    in ``breaches`` and through ``on_breach(message)`` once, when first seen: one that
+    persists is not counted again on every later event, a different one is. Costs one full
+    check (linear in hosts, claims and bindings) per event.
     """
 
     def __init__(
@@ -168,6 +180,7 @@ class GpuLedger:
         host.vanished = bound - set(devices)
         host.warm = {d: owner for d, owner in host.warm.items() if d in devices}
         host.lent = {d: job for d, job in host.lent.items() if d in devices}
+        host.held = {d: hold for d, hold in host.held.items() if d in devices}
         bases = {d: basis for d, basis in (speed_bases or {}).items() if d in devices}
         if bases != host.speed_bases or self._speeds is None or host_id not in self._speeds:
             host.speed_bases = bases
@@ -187,6 +200,7 @@ class GpuLedger:
             del self._bindings[(binding.kernel_id, binding.replica_id)]
         for key in [key for key, claim in self._claims.items() if claim.host_id == host_id]:
             del self._claims[key]
+        self._unhold_orphans()
         self._released(cut)
         return cut
 
@@ -220,6 +234,7 @@ class GpuLedger:
         self._claims.pop(key, None)
         binding = self._bindings.pop(key, None)
         self._forget_warm(key)
+        self._unhold_orphans()
         if binding is not None:
             self._drop_vanished(binding)
             self._released((binding,))
@@ -270,7 +285,7 @@ class GpuLedger:
                 f"host {host_id} has {len(host.devices)} GPU(s); the cell needs {gpus}"
             )
         bound = self._bound_devices(host_id)
-        free = [device for device in host.devices if device not in bound]
+        free = [d for d in host.devices if d not in bound and d not in host.held]
         if len(free) < gpus:
             raise GpusUnavailable(
                 f"host {host_id} has {len(free)} of {len(host.devices)} GPU(s) free; "
@@ -334,7 +349,9 @@ class GpuLedger:
         """The host's devices no cell holds and no job has borrowed, in the host's order."""
         host = self._host(host_id)
         bound = self._bound_devices(host_id)
-        return tuple(d for d in host.devices if d not in bound and d not in host.lent)
+        return tuple(
+            d for d in host.devices if d not in bound and d not in host.lent and d not in host.held
+        )
 
     @_mutates
     def lend(self, host_id: str, device_ids: Iterable[str], job_id: str) -> None:
@@ -350,6 +367,8 @@ class GpuLedger:
                 raise Conflict(f"host {host_id} has no device {device} to lend to job {job_id}")
             if device in bound:
                 raise Conflict(f"device {device} of host {host_id} is bound to a cell")
+            if device in host.held:
+                raise Conflict(f"device {device} of host {host_id} is held for tool workers")
             holder = host.lent.get(device, job_id)
             if holder != job_id:
                 raise Conflict(f"device {device} of host {host_id} is lent to job {holder}")
@@ -390,6 +409,62 @@ class GpuLedger:
         known = self._speeds.get(host_id, {})
         return {device: known.get(device, 1.0) for device in host.devices}
 
+    # ---- holds for a cell's tool workers ---------------------------------------------------
+
+    def holdable(self, host_id: str) -> tuple[str, ...]:
+        """The host's devices no cell binds and no tool workers hold, those not lent to jobs
+        first, each part in the host's order: the order `hold` should take them in."""
+        host = self._host(host_id)
+        bound = self._bound_devices(host_id)
+        free = [d for d in host.devices if d not in bound and d not in host.held]
+        return tuple(sorted(free, key=lambda d: d in host.lent))
+
+    @_mutates
+    def hold(
+        self, host_id: str, device_ids: Iterable[str], kernel_id: str, group_id: str
+    ) -> tuple[str, ...]:
+        """Hold devices for the tool workers `group_id` of kernel `kernel_id` until `unhold`.
+
+        Devices lent to jobs are taken from them (cells first): returns those jobs, which the
+        caller stops before the workers start. `NotFound` for an unknown host, `Conflict` if
+        the kernel has no claim anywhere (it runs no replica), if a device is not the host's,
+        is bound to a cell or held for other workers. All or nothing."""
+        host = self._host(host_id)
+        devices = tuple(device_ids)
+        if not any(k == kernel_id for k, _ in self._claims):
+            raise Conflict(f"kernel {kernel_id} runs no replica: it cannot hold GPUs")
+        bound = self._bound_devices(host_id)
+        hold = WorkerHold(kernel_id, group_id)
+        for device in devices:
+            if device not in host.devices:
+                raise Conflict(f"host {host_id} has no device {device} to hold")
+            if device in bound:
+                raise Conflict(f"device {device} of host {host_id} is bound to a cell")
+            if host.held.get(device, hold) != hold:
+                raise Conflict(f"device {device} of host {host_id} is held for other workers")
+        preempted = tuple(sorted({host.lent.pop(d) for d in devices if d in host.lent}))
+        host.held.update((device, hold) for device in devices)
+        return preempted
+
+    @_mutates
+    def unhold(self, group_id: str) -> dict[str, tuple[str, ...]]:
+        """End the holds of `group_id`; returns host -> the devices they had. Idempotent."""
+        return self._unhold_where(lambda hold: hold.group_id == group_id)
+
+    def holds(self, group_id: str) -> dict[str, tuple[str, ...]]:
+        """Host -> the devices held for `group_id` now (a host or device that went is gone)."""
+        found = {
+            host_id: tuple(
+                d for d in host.devices if d in host.held and host.held[d].group_id == group_id
+            )
+            for host_id, host in self._hosts.items()
+        }
+        return {host_id: devices for host_id, devices in found.items() if devices}
+
+    def held(self, host_id: str) -> dict[str, WorkerHold]:
+        """Device -> the tool workers it is held for, on this host."""
+        return dict(self._host(host_id).held)
+
     def binding(self, kernel_id: str, replica_id: str) -> Binding | None:
         return self._bindings.get((kernel_id, replica_id))
 
@@ -408,6 +483,7 @@ class GpuLedger:
             for device in binding.device_ids
         }
         busy = {key for key, binding in self._bindings.items() if binding.host_id == host_id}
+        held = sum(1 for device in host.held if device not in bound)
         subscribed = sum(
             claim.gpus
             for key, claim in self._claims.items()
@@ -417,11 +493,12 @@ class GpuLedger:
             id=host_id,
             device_ids=host.devices,
             subscribed=subscribed,
-            committed=sum(1 for device in bound if device in host.devices),
+            committed=sum(1 for device in bound if device in host.devices) + held,
             bound=bound,
             vanished=tuple(sorted(host.vanished)),
             warm=dict(host.warm),
             lent=dict(host.lent),
+            held=dict(host.held),
         )
 
     def host_snapshot(self, host_id: str, alive: bool = True) -> HostSnapshot:
@@ -433,7 +510,8 @@ class GpuLedger:
         view = self.view(host_id)
         claims = [claim for claim in self._claims.values() if claim.host_id == host_id]
         speeds = self.speeds(host_id)
-        free = sorted((speeds[d] for d in view.device_ids if d not in view.bound), reverse=True)
+        taken = {*view.bound, *(view.held or {})}
+        free = sorted((speeds[d] for d in view.device_ids if d not in taken), reverse=True)
         return HostSnapshot(
             id=host_id,
             gpus_total=view.total,
@@ -467,7 +545,8 @@ class GpuLedger:
         non-negative count; every binding belongs to a replica subscribed on its host, is keyed
         by its replica and binds distinct devices the host has (or lists as vanished); no device
         is bound twice; vanished devices are bound and absent from the spec; warm devices are in
-        the spec and belong to subscribed replicas."""
+        the spec and belong to subscribed replicas; held devices are in the spec, neither bound
+        nor lent, and held for a kernel that has a claim."""
         for key, claim in self._claims.items():
             _require(key == (claim.kernel_id, claim.replica_id), f"claim {claim} filed as {key}")
             _require(claim.host_id in self._hosts, f"claim {claim} is on an unknown host")
@@ -517,6 +596,19 @@ class GpuLedger:
                     device in host.devices and (host_id, device) not in holders,
                     f"device {device} of host {host_id} is lent to job {job} but is "
                     + ("bound to a cell" if device in host.devices else "not in spec"),
+                )
+            for device, hold in host.held.items():
+                _require(
+                    device in host.devices
+                    and (host_id, device) not in holders
+                    and device not in host.lent,
+                    f"device {device} of host {host_id} is held for {hold} but is "
+                    + ("not in spec" if device not in host.devices else "bound or lent too"),
+                )
+                _require(
+                    any(k == hold.kernel_id for k, _ in self._claims),
+                    f"device {device} of host {host_id} is held for {hold}, whose kernel "
+                    "runs no replica",
                 )
             for device, resident in host.warm.items():
                 _require(
@@ -581,6 +673,21 @@ class GpuLedger:
         host = self._hosts.get(binding.host_id)
         if host is not None:
             host.vanished.difference_update(binding.device_ids)
+
+    def _unhold_where(self, ended: Callable[[WorkerHold], bool]) -> dict[str, tuple[str, ...]]:
+        freed: dict[str, tuple[str, ...]] = {}
+        for host_id, host in self._hosts.items():
+            devices = tuple(d for d in host.devices if d in host.held and ended(host.held[d]))
+            for device in devices:
+                del host.held[device]
+            if devices:
+                freed[host_id] = devices
+        return freed
+
+    def _unhold_orphans(self) -> None:
+        """End the holds of kernels that no longer have a claim anywhere."""
+        claimed = {kernel_id for kernel_id, _ in self._claims}
+        self._unhold_where(lambda hold: hold.kernel_id not in claimed)
 
     def _forget_warm(self, key: ReplicaKey) -> None:
         for host in self._hosts.values():

@@ -56,6 +56,15 @@ class Commitment:
 
 
 @dataclass(frozen=True)
+class WorkerHold:
+    """Devices held for the tool workers `group_id` of kernel `kernel_id` (`GpuLedger.hold`):
+    exclusive like a binding, but on any host and outside the kernel's replicas."""
+
+    kernel_id: str
+    group_id: str
+
+
+@dataclass(frozen=True)
 class HostGpuView:
     """One host's GPUs for the admin API (`to_dict`)."""
 
@@ -68,6 +77,8 @@ class HostGpuView:
     warm: dict[str, ReplicaKey]
     lent: dict[str, str] | None = None
     """Device -> the background job it is lent to (devices no cell holds)."""
+    held: dict[str, WorkerHold] | None = None
+    """Device -> the kernel's tool workers it is held for (`GpuLedger.hold`)."""
 
     @property
     def total(self) -> int:

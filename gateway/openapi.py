@@ -30,6 +30,7 @@ from kernelfleet.gateway.openapi_builders import (
 )
 from kernelfleet.gateway.openapi_gpu_settings import gpu_settings_paths, gpu_settings_schemas
 from kernelfleet.gateway.openapi_jobs import job_paths, job_schemas
+from kernelfleet.gateway.openapi_tool_workers import tool_worker_paths, tool_worker_schemas
 
 _NULLABLE_STRING = {"type": "string", "nullable": True}
 _SECONDS = {"type": "number", "minimum": 0}
@@ -185,11 +186,22 @@ _SCHEMAS: dict[str, Any] = {
                             {
                                 "id": {"type": "string"},
                                 "lent_to_job": _NULLABLE_STRING,
+                                "held_for_workers": {
+                                    **closed_object(
+                                        {
+                                            "kernel_id": {"type": "string"},
+                                            "group_id": {"type": "string"},
+                                        }
+                                    ),
+                                    "nullable": True,
+                                },
                                 "relative_speed": {"type": "number", "minimum": 0},
                                 "fingerprint": {**ref("GpuFingerprint"), "nullable": True},
                             }
                         ),
                         "description": "Its devices; `lent_to_job`: the job it is lent to; "
+                        "`held_for_workers`: the kernel and group of tool workers it is held "
+                        "for (`/api/fleet/kernels/{id}/workers`); "
                         "`relative_speed`: its speed against the median GPU of its type in the "
                         "fleet (a virtual GPU's configured factor; 1.0 when unknown); "
                         "`fingerprint`: what its agent measured at start (null: nothing).",
@@ -216,8 +228,22 @@ _SCHEMAS: dict[str, Any] = {
                 "isolation": {**_ISOLATION, "nullable": True},
                 "gpu_type": {"type": "string", "minLength": 1},
                 "jobs": {"type": "array", "items": {"type": "object"}},
+                "workers": {
+                    "type": "array",
+                    "items": {"type": "object"},
+                    "description": "The tool workers the agent runs or saw exit.",
+                },
             },
-            optional=("id", "instance", "gpus", "replicas", "isolation", "gpu_type", "jobs"),
+            optional=(
+                "id",
+                "instance",
+                "gpus",
+                "replicas",
+                "isolation",
+                "gpu_type",
+                "jobs",
+                "workers",
+            ),
         ),
         "additionalProperties": True,
     },
@@ -603,6 +629,8 @@ _SCHEMAS.update(job_schemas())
 _PATHS.update(job_paths(_AUTH_ERRORS))
 _SCHEMAS.update(gpu_settings_schemas())
 _PATHS.update(gpu_settings_paths(_KERNEL_ID, _AUTH_ERRORS))
+_SCHEMAS.update(tool_worker_schemas())
+_PATHS.update(tool_worker_paths(_KERNEL_ID, _AUTH_ERRORS))
 
 _SPEC: dict[str, Any] = {
     "openapi": "3.0.3",

@@ -25,7 +25,7 @@ import json
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -182,6 +182,39 @@ class FleetClient:
         """Put the clocks and power limits of this kernel's bound GPUs back to their defaults
         now (a cell's end does it anyway)."""
         self._call("DELETE", self._kernel_path("/gpu-settings"))
+
+    def start_workers(
+        self,
+        count: int,
+        module: str,
+        *,
+        gpus_each: int = 1,
+        args: Sequence[str] = (),
+        args_each: Sequence[Sequence[str]] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """``POST /api/fleet/kernels/{id}/workers``: start `count` tool workers (``python -m
+        module``, an allowed module) of `gpus_each` GPUs each, on any hosts, for this kernel's
+        running cell; worker i gets `args` then ``args_each[i]``, and `env` (allowed names
+        only). Returns the group: ``{"id", "state", "workers": [{"id", "index", "host",
+        "devices", "state", "exit_code", "log_tail"}, ...], ...}``. Errors (`FleetApiError`):
+        400 (a module or env name not allowed), 409 (no running cell; or too many GPUs, the
+        message naming the counts)."""
+        body: dict[str, Any] = {"count": count, "gpus_each": gpus_each, "module": module,
+                                "args": list(args), "env": dict(env or {})}  # fmt: skip
+        if args_each is not None:
+            body["args_each"] = [list(each) for each in args_each]
+        return self._call("POST", self._kernel_path("/workers"), body)
+
+    def workers(self, group_id: str | None = None) -> Any:
+        """This kernel's groups of tool workers (a list), or one group with its workers' log
+        tails."""
+        suffix = "" if group_id is None else f"/{quote(group_id, safe='')}"
+        return self._call("GET", self._kernel_path(f"/workers{suffix}"))
+
+    def stop_workers(self, group_id: str) -> dict[str, Any]:
+        """End a group of tool workers (SIGTERM, grace, SIGKILL); returns it, ended."""
+        return self._call("DELETE", self._kernel_path(f"/workers/{quote(group_id, safe='')}"))
 
     def events(self, n: int = 20) -> list[dict[str, Any]]:
         """The last `n` fleet events, oldest first; only this kernel's when the client has a

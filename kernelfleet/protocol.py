@@ -372,6 +372,10 @@ class ReplicaEnv(enum.StrEnum):
     """The gateway's base URL as the replica's host agent reaches it (the agent's
     ``--gateway``); absent when the agent registers with no gateway."""
 
+    HOST_ADDRESS = "KERNELFLEET_HOST_ADDRESS"
+    """The IP address other hosts of the fleet reach the replica's host at (its agent's
+    ``--kernel-ip``): where a driver in the kernel listens for its tool workers."""
+
     KERNEL_TOKEN = "KERNELFLEET_KERNEL_TOKEN"
     """The kernel-scoped token the gateway issued this kernel (`KERNEL_TOKEN_PREFIX`): it reads
     this kernel and the fleet summary, and acts on this kernel only. The fleet token is never
@@ -419,3 +423,44 @@ class JobEnv(enum.StrEnum):
     CHECKPOINT = "KERNELFLEET_JOB_CHECKPOINT"
     """The job's checkpoint folder in the object store (``<root>/job-<id>``): the job saves
     there and resumes from there; it outlives the job's process until the job ends."""
+
+
+# ---- tool workers (`kernelfleet.gateway.tool_workers`, `kernelfleet.kernels.agent.tool_workers`)
+
+TOOL_WORKER_MODULES = frozenset({"kernelfleet.tools.pipeline.worker"})
+"""The modules a cell may have the fleet start as tool workers: the tools' own worker programs,
+never a module a request makes up. The gateway checks a request, its host agent again."""
+
+TOOL_WORKER_ENV = frozenset({"KERNELFLEET_PIPELINE_TOKEN"})
+"""The environment variables a tool-worker request may set (a run's secret); no other."""
+
+
+def check_tool_module(module: Any) -> str:
+    """`module` if it is on `TOOL_WORKER_MODULES`, else `InvalidRequest` naming the list."""
+    if module not in TOOL_WORKER_MODULES:
+        raise InvalidRequest(
+            f"module {module!r} may not be started as a tool worker; allowed: "
+            + ", ".join(sorted(TOOL_WORKER_MODULES))
+        )
+    return str(module)
+
+
+def check_tool_env(env: Any) -> dict[str, str]:
+    """`env` if it maps names of `TOOL_WORKER_ENV` to strings, else `InvalidRequest`."""
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise InvalidRequest("'env' must map names to strings")
+    refused = sorted(set(env) - TOOL_WORKER_ENV)
+    if refused:
+        raise InvalidRequest(
+            f"'env' may set only {', '.join(sorted(TOOL_WORKER_ENV))}, not {', '.join(refused)}"
+        )
+    return dict(env)
+
+
+def check_tool_args(args: Any, name: str = "args") -> tuple[str, ...]:
+    """`args` as a tuple if it is a list of strings, else `InvalidRequest`."""
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise InvalidRequest(f"'{name}' must be a list of strings")
+    return tuple(args)

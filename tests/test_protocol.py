@@ -78,6 +78,7 @@ WIRE: dict[type[enum.StrEnum], dict[str, str]] = {
         "KERNEL_TOKEN": "KERNELFLEET_KERNEL_TOKEN",
         "LOG_LEVEL": "KERNELFLEET_REPLICA_LOG_LEVEL",
         "KERNEL_STORE": "KERNELFLEET_KERNEL_STORE",
+        "HOST_ADDRESS": "KERNELFLEET_HOST_ADDRESS",
     },
     JobEnv: {
         "JOB_ID": "KERNELFLEET_JOB_ID",

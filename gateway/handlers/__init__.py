@@ -25,6 +25,7 @@ from kernelfleet.gateway.handlers.jupyter import (
     KernelSpecsHandler,
 )
 from kernelfleet.gateway.handlers.metrics import MetricsHandler
+from kernelfleet.gateway.handlers.tool_workers import tool_worker_routes
 from kernelfleet.web import NotFoundHandler
 
 _KERNEL_ID = r"(?P<kernel_id>[\w-]+)"
@@ -57,6 +58,7 @@ def routes() -> list[tuple[str, type]]:
             rf"/api/fleet/kernels/{_KERNEL_ID}/replicas/(?P<replica_id>[\w.-]+)/migrate/?",
             ReplicaMigrateHandler,
         ),
+        *tool_worker_routes(_KERNEL_ID),
         *job_routes(),
         (r"/metrics", MetricsHandler),
         (r".*", NotFoundHandler),

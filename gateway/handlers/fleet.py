@@ -56,12 +56,13 @@ def vanished_gpus(handler: GatewayHandler, host_id: str) -> dict[str, Any]:
 
 def device_models(handler: GatewayHandler, host_id: str) -> list[dict[str, Any]]:
     """The host's devices, each with the background job it is lent to (``lent_to_job``: a job
-    id, or null), its ``fingerprint`` as its agent reported it (null if none) and the
+    id, or null), the tool workers it is held for (``held_for_workers``: ``{"kernel_id",
+    "group_id"}``, or null), its ``fingerprint`` as its agent reported it (null if none) and the
     ``relative_speed`` the gateway derived from it (`kernelfleet.gateway.gpu_speeds`)."""
     ledger = handler.kernels.ledger
     if host_id not in ledger.hosts():
         return []
-    lent, speeds = ledger.lent(host_id), ledger.speeds(host_id)
+    lent, speeds, held = ledger.lent(host_id), ledger.speeds(host_id), ledger.held(host_id)
     reported = {
         str(gpu.get("index")): gpu.get("fingerprint")
         for gpu in handler.hosts.get(host_id).gpus
@@ -71,6 +72,11 @@ def device_models(handler: GatewayHandler, host_id: str) -> list[dict[str, Any]]
         {
             "id": d,
             "lent_to_job": lent.get(d),
+            "held_for_workers": (
+                {"kernel_id": held[d].kernel_id, "group_id": held[d].group_id}
+                if d in held
+                else None
+            ),
             "relative_speed": speeds[d],
             "fingerprint": reported.get(d),
         }

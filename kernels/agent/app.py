@@ -74,6 +74,7 @@ from kernelfleet.kernels.agent.heartbeat import GatewayHeartbeat, GatewayLink
 from kernelfleet.kernels.agent.jobs import JobTable
 from kernelfleet.kernels.agent.kernel_process import KernelUser, choose_isolation
 from kernelfleet.kernels.agent.replicas import ID_PATTERN, ReplicaState, ReplicaTable
+from kernelfleet.kernels.agent.tool_workers import WorkerTable
 from kernelfleet.privileges import mark_non_dumpable
 from kernelfleet.runtime_file import AgentRuntime, remove_runtime, write_runtime
 from kernelfleet.web import log_request
@@ -562,6 +563,7 @@ class HostAgentApp(Application):
         self.jobs = JobTable(
             self.state_path, self.isolation, self.gateway_url, self._on_replicas_changed
         )
+        self.workers = WorkerTable(self.state_path, self.isolation, "", self._on_replicas_changed)
 
     def init_webapp(self) -> None:
         self.web_app = web.Application(
@@ -569,6 +571,7 @@ class HostAgentApp(Application):
             token=self.token,
             replicas=self.replicas,
             jobs=self.jobs,
+            workers=self.workers,
             gpu_settings=self.gpu_settings,
             host_report=self.host_report,
             log_function=log_request,
@@ -612,6 +615,7 @@ class HostAgentApp(Application):
             "gpu_type": self.inventory.gpu_type,
             "replicas": self.replicas.models(),
             "jobs": self.jobs.models(),
+            "workers": self.workers.models(),
             "isolation": self.isolation.model(),
             "gpu_settings": self.gpu_settings.owners(),
         }
@@ -647,6 +651,9 @@ class HostAgentApp(Application):
         adopted = self.jobs.adopt()
         if adopted:
             self.log.info("jobs of the previous agent found again: %s", ", ".join(adopted))
+        ended = await self.workers.end_leftovers(grace=self.job_stop_timeout)
+        if ended:
+            self.log.info("tool workers of the previous agent stopped: %s", ", ".join(ended))
         watcher = asyncio.create_task(self.replicas.watch())
         beats = asyncio.create_task(self.heartbeat.run()) if self.heartbeat else None
         linking = asyncio.create_task(self.link.run()) if self.link else None
@@ -667,6 +674,7 @@ class HostAgentApp(Application):
         await asyncio.gather(
             self.replicas.stop_all(grace=self.shutdown_timeout),
             self.jobs.stop_all(grace=self.job_stop_timeout),
+            self.workers.stop_all(grace=self.job_stop_timeout),
         )
         tasks = [task for task in (beats, linking) if task is not None]
         await asyncio.gather(watcher, *tasks, return_exceptions=True)

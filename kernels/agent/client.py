@@ -152,6 +152,28 @@ class HostAgentClient:
         """Drop an exited job (and its log) from the agent."""
         await self._call("DELETE", f"/api/jobs/{quote(job_id, safe='')}")
 
+    async def start_worker(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /api/workers``: launch a tool worker (body: the agent's ``WorkerRequest``)."""
+        result: dict[str, Any] = await self._call("POST", "/api/workers", body)
+        return result
+
+    async def stop_worker(self, worker_id: str, grace: float) -> dict[str, Any]:
+        """SIGTERM, `grace` seconds, SIGKILL; returns the worker's model once it exited."""
+        path = f"/api/workers/{quote(worker_id, safe='')}/stop"
+        result: dict[str, Any] = await self._call(
+            "POST", path, {"grace": grace}, budget=grace + self.launch_margin
+        )
+        return result
+
+    async def worker_log(self, worker_id: str, tail: int) -> list[str]:
+        path = f"/api/workers/{quote(worker_id, safe='')}/log?tail={int(tail)}"
+        result: dict[str, Any] = await self._call("GET", path)
+        return list(result.get("lines", []))
+
+    async def forget_worker(self, worker_id: str) -> None:
+        """Drop an exited tool worker (and its log) from the agent."""
+        await self._call("DELETE", f"/api/workers/{quote(worker_id, safe='')}")
+
     async def gpu_settings(self, uuids: list[str]) -> list[dict[str, Any]]:
         """``GET /api/gpu-settings``: each device's current, default and changed settings,
         its ranges and its owner."""

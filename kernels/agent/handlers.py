@@ -16,6 +16,12 @@
     GET    /api/jobs/{id}/log?tail=N          {"id", "lines"}: the end of its stdout+stderr
     POST   /api/jobs/{id}/stop                job model, once it exited (body: {"grace": s})
     DELETE /api/jobs/{id}                     204: forget an exited job and its folder
+    GET    /api/workers                       [worker model, ...] (tool workers: as jobs,
+    POST   /api/workers                       ... the body a `WorkerRequest`;
+    GET    /api/workers/{id}                  ... `kernels.agent.tool_workers`)
+    GET    /api/workers/{id}/log?tail=N
+    POST   /api/workers/{id}/stop
+    DELETE /api/workers/{id}
     GET    /api/gpu-settings?uuid=U[&uuid=V]  {"devices": [{"uuid", "index", "current",
                                               "default", "ranges", "changed", "owner"}, ...]}
     PUT    /api/gpu-settings                  {"devices": [{"uuid", "index", "applied",
@@ -38,6 +44,7 @@ from kernelfleet.kernels.agent.gpu_control import parse_settings
 from kernelfleet.kernels.agent.gpu_settings import GpuSettings, Owner
 from kernelfleet.kernels.agent.jobs import JobRequest, JobTable
 from kernelfleet.kernels.agent.replicas import ReplicaRequest, ReplicaTable, parse_timeout
+from kernelfleet.kernels.agent.tool_workers import WorkerRequest
 from kernelfleet.web import ApiHandler, NotFoundHandler
 
 _ID = r"(?P<replica_id>[^/]+)"
@@ -96,9 +103,15 @@ class RestartHandler(AgentHandler):
 
 
 class JobsHandlerBase(AgentHandler):
+    """The job handlers serve the tool workers too: `table` names the setting that holds the
+    table, `request_type` the class that parses a start."""
+
+    table = "jobs"
+    request_type: type[JobRequest] = JobRequest
+
     @property
     def jobs(self) -> JobTable:
-        table: JobTable = self.settings["jobs"]
+        table: JobTable = self.settings[self.table]
         return table
 
 
@@ -107,7 +120,7 @@ class JobsHandler(JobsHandlerBase):
         self.write_json(self.jobs.models())
 
     async def post(self) -> None:
-        job = await self.jobs.start(JobRequest.from_json(self.json_body()))
+        job = await self.jobs.start(self.request_type.from_json(self.json_body()))
         self.write_json(job.model(), status=201)
 
 
@@ -135,6 +148,22 @@ class JobStopHandler(JobsHandlerBase):
         grace = parse_timeout(self.json_body().get("grace"), "grace")
         job = await self.jobs.stop(job_id, 30.0 if grace is None else grace)
         self.write_json(job.model())
+
+
+class WorkersHandler(JobsHandler):
+    table, request_type = "workers", WorkerRequest
+
+
+class WorkerHandler(JobHandler):
+    table = "workers"
+
+
+class WorkerLogHandler(JobLogHandler):
+    table = "workers"
+
+
+class WorkerStopHandler(JobStopHandler):
+    table = "workers"
 
 
 class GpuSettingsBase(AgentHandler):
@@ -200,6 +229,10 @@ def handlers() -> list[tuple[str, type[ApiHandler]]]:
         (rf"/api/jobs/{_JOB}", JobHandler),
         (rf"/api/jobs/{_JOB}/log", JobLogHandler),
         (rf"/api/jobs/{_JOB}/stop", JobStopHandler),
+        (r"/api/workers", WorkersHandler),
+        (rf"/api/workers/{_JOB}", WorkerHandler),
+        (rf"/api/workers/{_JOB}/log", WorkerLogHandler),
+        (rf"/api/workers/{_JOB}/stop", WorkerStopHandler),
         (r"/api/gpu-settings", GpuSettingsHandler),
         (r"/api/gpu-settings/reset", GpuSettingsResetHandler),
         (r".*", NotFoundHandler),

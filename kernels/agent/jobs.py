@@ -148,6 +148,11 @@ class JobTable:
     """The jobs of this agent; see the module docstring. ``on_change`` is called (on the event
     loop) whenever a job starts or exits, so the agent can heartbeat at once."""
 
+    FOLDER = "jobs"
+    """The subfolder of the state folder that holds one folder per process."""
+    NOUN = "job"
+    """What its processes are called in messages and logs."""
+
     def __init__(
         self,
         state_dir: Path,
@@ -156,7 +161,7 @@ class JobTable:
         on_change: Callable[[], None] = lambda: None,
         base_env: Mapping[str, str] | None = None,
     ) -> None:
-        self.jobs_dir = state_dir / "jobs"
+        self.jobs_dir = state_dir / self.FOLDER
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.jobs_dir.chmod(0o711)
         self.isolation = isolation
@@ -170,7 +175,7 @@ class JobTable:
         try:
             return self._jobs[job_id]
         except KeyError:
-            raise NotFound(f"this host runs no job {job_id!r}") from None
+            raise NotFound(f"this host runs no {self.NOUN} {job_id!r}") from None
 
     def models(self) -> list[dict[str, Any]]:
         return [job.model() for job in self._jobs.values()]
@@ -179,22 +184,21 @@ class JobTable:
         """Launch the job; `Conflict` if this host runs it already (exited ones are replaced)."""
         old = self._jobs.get(request.job_id)
         if old is not None and not old.exited:
-            raise Conflict(f"job {request.job_id} already runs on this host (pid {old.pid})")
+            raise Conflict(
+                f"{self.NOUN} {request.job_id} already runs on this host (pid {old.pid})"
+            )
         self._jobs.pop(request.job_id, None)  # an exited run: a late forget must not hit this one
-        owner = self.isolation.owner(request.job_id)
+        owner = self._owner(request)
         account = account_of(owner[0]) if owner is not None else None
         if owner is not None and account is not None:
             raise Conflict(
-                f"job {request.job_id} would run as uid {owner[0]}, which is the system account "
-                f"{account!r}'s: submit it again (a new id)"
+                f"{self.NOUN} {request.job_id} would run as uid {owner[0]}, which is the system "
+                f"account {account!r}'s: submit it again (a new id)"
             )
         folder = self.jobs_dir / request.job_id
         folders = ReplicaFolders(folder, owner)
         folder_env = folders.prepare()
-        program = self._write_program(request, folders)
-        command = [sys.executable, "-u", str(program), *request.args]
-        if request.function is not None:
-            command = [sys.executable, "-u", "-m", "kernelfleet.jobs.sdk", str(program)]
+        command = self._command(request, folders)
         env = self._job_env(request, folder_env)
         options: dict[str, Any] = {}
         if owner is not None:
@@ -218,7 +222,7 @@ class JobTable:
                          _start_time(process.pid) or 0.0, process)  # fmt: skip
         self._jobs[job.id] = job
         self._save(job)
-        log.info("job %s started: pid %d on device(s) %s", job.id, job.pid,
+        log.info("%s %s started: pid %d on device(s) %s", self.NOUN, job.id, job.pid,
                  ",".join(job.devices) or "none")  # fmt: skip
         self._watch(self._reap(job))
         self._on_change()
@@ -235,7 +239,7 @@ class JobTable:
         try:
             await asyncio.wait_for(job.done.wait(), grace)
         except TimeoutError:
-            log.warning("job %s ignored SIGTERM for %.1f s: killing it", job.id, grace)
+            log.warning("%s %s ignored SIGTERM for %.1f s: killing it", self.NOUN, job.id, grace)
             job.killed = True
             self._signal(job, signal.SIGKILL)
             await job.done.wait()
@@ -245,7 +249,7 @@ class JobTable:
         """Drop an exited job and its folder (its log with it); `Conflict` while it runs."""
         job = self.get(job_id)
         if not job.exited:
-            raise Conflict(f"job {job_id} still runs; stop it first")
+            raise Conflict(f"{self.NOUN} {job_id} still runs; stop it first")
         del self._jobs[job_id]
         shutil.rmtree(job.folder, ignore_errors=True)
 
@@ -275,6 +279,19 @@ class JobTable:
         """At agent exit: stop every running job (its checkpoint is its own business)."""
         running = [job.id for job in self._jobs.values() if not job.exited]
         await asyncio.gather(*(self.stop(job_id, grace) for job_id in running))
+
+    # -- what differs between kinds of processes (`kernels.agent.tool_workers`) -------------
+
+    def _owner(self, request: JobRequest) -> tuple[int, int] | None:
+        """The (uid, gid) it runs as (None: the agent's own): a user of the job's own."""
+        return self.isolation.owner(request.job_id)
+
+    def _command(self, request: JobRequest, folders: ReplicaFolders) -> list[str]:
+        """Its command line, once what it runs is written into its folder."""
+        program = self._write_program(request, folders)
+        if request.function is not None:
+            return [sys.executable, "-u", "-m", "kernelfleet.jobs.sdk", str(program)]
+        return [sys.executable, "-u", str(program), *request.args]
 
     # -- internals --------------------------------------------------------------------------
 
@@ -326,7 +343,7 @@ class JobTable:
         job.done.set()
         with contextlib.suppress(OSError):
             (job.folder / JOB_STATE).unlink()
-        log.info("job %s exited with code %s%s", job.id, code,
+        log.info("%s %s exited with code %s%s", self.NOUN, job.id, code,
                  " (killed after its grace period)" if job.killed else "")  # fmt: skip
         self._on_change()
 

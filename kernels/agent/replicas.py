@@ -551,6 +551,7 @@ class ReplicaTable:
             env[ReplicaEnv.KERNEL_TOKEN.value] = request.kernel_token
         env[ReplicaEnv.KERNEL_ID.value] = request.kernel_id
         env[ReplicaEnv.REPLICA_ID.value] = request.replica_id
+        env[ReplicaEnv.HOST_ADDRESS.value] = self.kernel_ip
         env[ReplicaEnv.REPLICA_DIR.value] = str(self.replicas_dir / request.replica_id)
         env[ReplicaEnv.GPUS.value] = ""  # none bound until a cell runs (not the agent's GPU count)
         if replica.raft_address:

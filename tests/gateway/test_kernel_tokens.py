@@ -108,6 +108,17 @@ DECISIONS: dict[tuple[str, str], tuple[object, object]] = {
     (r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/gpu-settings/?", "GET"): (OK, FORBIDDEN),
     (r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/gpu-settings/?", "PUT"): (OK, FORBIDDEN),
     (r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/gpu-settings/?", "DELETE"): (OK, FORBIDDEN),
+    # the tool workers of its own running cell (400 or 404 here: a harmless body, no group)
+    (r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/workers/?", "GET"): (OK, FORBIDDEN),
+    (r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/workers/?", "POST"): (OK, FORBIDDEN),
+    (
+        r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/workers/(?P<group_id>wg-[\w-]+)/?",
+        "GET",
+    ): (OK, FORBIDDEN),
+    (
+        r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/workers/(?P<group_id>wg-[\w-]+)/?",
+        "DELETE",
+    ): (OK, FORBIDDEN),
     (
         r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/replicas/(?P<replica_id>[\w.-]+)/migrate/?",
         "POST",
@@ -165,6 +176,7 @@ def concrete(pattern: str, kernel_id: str, replica_id: str) -> str:
         "filename": "logo-64x64.png",
         "action": "interrupt",
         "job_id": "job-00000000",
+        "group_id": "wg-00000000",
     }
     if pattern == ".*":
         return "/no/such/endpoint"

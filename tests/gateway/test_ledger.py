@@ -16,6 +16,7 @@ from kernelfleet.errors import (
     NotFound,
 )
 from kernelfleet.gateway.ledger import Binding, GpuLedger, device_ids_of
+from kernelfleet.gateway.ledger_records import WorkerHold
 from kernelfleet.kernels.agent.gpus import VirtualInventory
 from kernelfleet.scheduler import HostSnapshot
 
@@ -250,6 +251,55 @@ def test_bad_host_reports_are_refused() -> None:
         ledger.view("nope")
 
 
+def test_holds_for_tool_workers_are_exclusive_never_lent_and_end_with_the_kernel() -> None:
+    ledger = ledger_with(h1=2, h2=3)
+    ledger.subscribe("h1", "k", "r", 1)
+    ledger.commit("h1", "k", "r", "c", 1)
+    ledger.lend("h2", ["0"], "job-a")
+    assert ledger.holdable("h1") == ("1",)
+    assert ledger.holdable("h2") == ("1", "2", "0")  # lent last
+    with pytest.raises(Conflict, match="runs no replica"):
+        ledger.hold("h2", ["1"], "nobody", "g0")
+    with pytest.raises(Conflict, match="bound to a cell"):
+        ledger.hold("h1", ["0"], "k", "g1")
+    assert ledger.hold("h2", ["1", "0"], "k", "g1") == ("job-a",)  # the loan ends: cells first
+    assert ledger.lent("h2") == {}
+    assert ledger.holds("g1") == {"h2": ("0", "1")}
+    with pytest.raises(Conflict, match="held for other workers"):
+        ledger.hold("h2", ["1"], "k", "g2")
+    with pytest.raises(Conflict, match="held for tool workers"):
+        ledger.lend("h2", ["1"], "job-b")
+    assert ledger.lendable("h2") == ("2",)
+    # held devices are taken, for cells and for policies alike
+    assert ledger.view("h2").committed == 2
+    assert ledger.host_snapshot("h2").free_gpu_speeds == (1.0,)
+    ledger.subscribe("h2", "j", "r", 3)
+    with pytest.raises(GpusUnavailable, match="1 of 3"):
+        ledger.commit("h2", "j", "r", "c", 2)
+    assert ledger.commit("h2", "j", "r", "c", 1).device_ids == ("2",)
+    ledger.check_invariants()
+
+    assert ledger.unhold("g1") == {"h2": ("0", "1")}
+    assert ledger.unhold("g1") == {}
+    ledger.hold("h2", ["0"], "k", "g2")
+    ledger.unsubscribe("j", "r")
+    assert ledger.holds("g2") == {"h2": ("0",)}  # another kernel's replica went: kept
+    ledger.remove_kernel("k")
+    assert ledger.holds("g2") == {}  # the kernel went: its workers' GPUs are free
+    ledger.check_invariants()
+
+
+def test_holds_go_with_their_host_and_with_devices_it_stops_reporting() -> None:
+    ledger = ledger_with(h1=1, h2=2)
+    ledger.subscribe("h1", "k", "r", 1)
+    ledger.hold("h2", ["0", "1"], "k", "g")
+    ledger.set_host("h2", ["0"])
+    assert ledger.holds("g") == {"h2": ("0",)}
+    ledger.drop_host("h2")
+    assert ledger.holds("g") == {}
+    ledger.check_invariants()
+
+
 @pytest.mark.parametrize(
     ("corrupt", "breach"),
     [
@@ -262,6 +312,14 @@ def test_bad_host_reports_are_refused() -> None:
         (lambda led: led._hosts["h1"].vanished.add("1"), "both present and vanished"),
         (lambda led: led._hosts["h1"].warm.__setitem__("1", ("x", "y")), "not subscribed there"),
         (lambda led: led._hosts.pop("h1"), "unknown host"),
+        (
+            lambda led: led._hosts["h1"].held.__setitem__("0", WorkerHold("k", "g")),
+            "held for .* bound or lent too",
+        ),
+        (
+            lambda led: led._hosts["h1"].held.__setitem__("1", WorkerHold("x", "g")),
+            "whose kernel runs no replica",
+        ),
     ],
 )
 def test_check_invariants_names_the_breach(corrupt, breach: str) -> None:
@@ -288,8 +346,20 @@ def random_event(rng: random.Random, ledger: GpuLedger, cells: list[int]) -> Non
     on what exists (known hosts, subscribed replicas, held bindings) so that deep states are
     reached; the rest are arbitrary."""
     kind = rng.choices(
-        ["host", "drop", "subscribe", "unsubscribe", "commit", "release", "cold", "kernel"],
-        weights=[3, 1, 6, 2, 8, 6, 1, 1],
+        [
+            "host",
+            "drop",
+            "subscribe",
+            "unsubscribe",
+            "commit",
+            "release",
+            "cold",
+            "kernel",
+            "hold",
+            "unhold",
+            "lend",
+        ],
+        weights=[3, 1, 6, 2, 8, 6, 1, 1, 3, 2, 2],
     )[0]
     host, kernel, replica = rng.choice(HOSTS), rng.choice(KERNELS), rng.choice(REPLICAS)
     keys = [(k, r) for k in KERNELS for r in REPLICAS]
@@ -339,6 +409,22 @@ def random_event(rng: random.Random, ledger: GpuLedger, cells: list[int]) -> Non
             assert ledger.binding(released.kernel_id, released.replica_id) is None
     elif kind == "cold":
         ledger.mark_cold(kernel, replica)
+    elif kind == "hold":
+        if sensible and ledger.hosts():
+            host = rng.choice(ledger.hosts())
+        free = list(ledger.holdable(host))
+        devices = rng.sample(free, min(len(free), rng.randint(1, 2))) if sensible else ["0"]
+        group = rng.choice(["g1", "g2", "g3"])
+        ledger.hold(host, devices, kernel, f"{kernel}-{group}")
+        assert all(ledger.held(host)[d].group_id == f"{kernel}-{group}" for d in devices)
+        assert not set(devices) & set(ledger.lent(host))
+    elif kind == "unhold":
+        group = f"{kernel}-{rng.choice(['g1', 'g2', 'g3'])}"
+        ledger.unhold(group)
+        assert ledger.holds(group) == {}
+    elif kind == "lend":
+        lendable = ledger.lendable(host) if host in ledger.hosts() else ()
+        ledger.lend(host, lendable[:1] if sensible else ["0"], rng.choice(["j1", "j2"]))
     else:
         ledger.remove_kernel(kernel)
 

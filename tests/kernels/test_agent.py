@@ -112,6 +112,7 @@ async def test_registers_and_heartbeats(host_agent: StartAgent) -> None:
         "gpu_type": "virtual",
         "replicas": [],
         "jobs": [],
+        "workers": [],
         "isolation": first.body["isolation"],
         "gpu_settings": [],
     }

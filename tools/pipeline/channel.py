@@ -4,8 +4,8 @@ The driver listens on a TCP address; each worker connects to it and, before anyt
 unpickled on either side, sends the run's secret token, which the driver compares in constant
 time. Messages are then pickled objects, framed by ``multiprocessing.connection``; the driver
 pickles with cloudpickle, so that models and loss functions defined in the notebook travel by
-value. Every wait has a timeout. (A TCP address rather than a pipe, so that workers could run on
-other hosts of the fleet; today they are started on the driver's host.)
+value. Every wait has a timeout. (A TCP address rather than a pipe, so that workers run on other
+hosts of the fleet too: the driver then listens on its host's address, `runner.WorkerPool`.)
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def connect(host: str, port: int, token: str, timeout: float) -> Channel:
 
 
 class Listener:
-    """The driver's side: a TCP socket that accepts workers presenting the run's token."""
+    """The driver's side: a TCP socket on `host` (an address the workers reach: ``127.0.0.1``
+    for workers on this host only) that accepts workers presenting the run's token."""
 
     def __init__(self, token: str, host: str = "127.0.0.1") -> None:
         self.token = token.encode()

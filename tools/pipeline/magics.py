@@ -48,6 +48,8 @@ def load(ipython: Any) -> None:
 
 
 def pipeline_parser() -> MagicParser:
+    from kernelfleet.tools.pipeline.runner import HOSTS
+
     parser = MagicParser(
         prog="%pipeline",
         description="Profile a model layer by layer, plan pipeline stages (PipeDream), run them.",
@@ -88,6 +90,13 @@ def pipeline_parser() -> MagicParser:
         "--no-replicas",
         action="store_true",
         help="run each stage once, on one worker, whatever its replicas",
+    )
+    run.add_argument(
+        "--hosts",
+        choices=list(HOSTS),
+        default="auto",
+        help="where workers the cell's GPUs do not cover run: auto (other hosts of the fleet "
+        "when the cell holds some GPUs), local (this host), fleet (always other hosts)",
     )
     run.add_argument("--timeout", type=float, default=120.0, help="seconds of silence (120)")
     return parser
@@ -255,6 +264,7 @@ class PipelineMagics(Magics):
                 timeout_s=args.timeout,
                 notes=split.notes,
                 replicas=split.replicas,
+                hosts=args.hosts,
             )
         except WorkerFailed as error:
             raise WorkerFailed(error.message) from None  # not the driver's stack

@@ -29,8 +29,16 @@ Devices: the GPUs the caller holds are those ``KERNELFLEET_GPUS`` lists in a ker
 rank is required. With none listed, the workers see no GPU (``CUDA_VISIBLE_DEVICES`` empty) and
 run on the CPU with gloo, so that ranks never share a GPU by accident.
 
-The workers reach the driver by a TCP address (the listener and the process group's store both
-bind one), so that workers on other hosts of a fleet could join; today they are started here.
+Where the workers run (`kernelfleet.tools.pipeline.launchers`): the ranks the cell's GPUs cover
+(all of them without GPUs) run here, as child processes. In a fleet's kernel whose cell holds
+some GPUs but fewer than the run has ranks, the others run on GPUs of other hosts of the fleet,
+started by the gateway for the cell (``hosts="auto"``, the default); ``hosts="fleet"`` asks the
+fleet for every rank the cell's GPUs do not cover, even when it holds none, and ``hosts="local"``
+never asks (too few GPUs is then an error, as before). The workers reach the driver by a TCP
+address, on which the listener and the process group's store both listen: ``127.0.0.1`` while
+every worker runs here, else the host's address the fleet's other hosts reach it at
+(``KERNELFLEET_HOST_ADDRESS``, which the host agent sets from its ``--kernel-ip``), or the
+``address`` given.
 """
 
 from __future__ import annotations
@@ -39,22 +47,22 @@ import contextlib
 import os
 import secrets
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import wait
-from typing import IO, Any
+from typing import Any
 
+from kernelfleet.client import ClientError, FleetClient
 from kernelfleet.errors import FleetError, InvalidRequest
 from kernelfleet.protocol import ReplicaEnv
-from kernelfleet.tools.pipeline.channel import (
-    TOKEN_ENV,
-    Channel,
-    ChannelTimeout,
-    Listener,
+from kernelfleet.tools.pipeline.channel import Channel, ChannelTimeout, Listener
+from kernelfleet.tools.pipeline.launchers import (
+    FleetWorkers,
+    LocalWorkers,
+    Workers,
+    wait_exit,
 )
 from kernelfleet.tools.pipeline.replicas import ReplicaLayout, check_replicated_run
 from kernelfleet.tools.pipeline.schedules import (
@@ -66,7 +74,8 @@ from kernelfleet.tools.pipeline.schedules import (
 from kernelfleet.tools.pipeline.stages import Range, split_model, write_back
 from kernelfleet.tools.pipeline.worker import Session, WorkerJob
 
-WORKER_MODULE = "kernelfleet.tools.pipeline.worker"
+HOSTS = ("auto", "local", "fleet")
+"""Where a pool's workers may run (see the module docstring)."""
 
 
 class WorkerFailed(FleetError):
@@ -131,6 +140,7 @@ def run_pipeline(
     notes: tuple[str, ...] = (),
     pool: WorkerPool | None = None,
     replicas: tuple[int, ...] | None = None,
+    hosts: str = "auto",
 ) -> RunResult:
     """Train ``model`` for ``steps`` SGD steps on the batch ``inputs``/``targets``, its
     layers split into stages ``ranges`` run on ``ranks`` worker processes by ``schedule``
@@ -141,7 +151,8 @@ def run_pipeline(
     (`replicated`, gpipe or 1f1b), the others on torch's schedules.
 
     ``loss(output, target)`` must average over its batch. The run starts its own `WorkerPool`
-    and ends it, unless given ``pool`` (of ``ranks`` workers), which it leaves running. Raises
+    (its workers where ``hosts`` says) and ends it, unless given ``pool`` (of ``ranks``
+    workers), which it leaves running. Raises
     `InvalidRequest` for a run that cannot be laid out (before starting anything) and
     `WorkerFailed` if a worker fails (a pool is then closed).
     """
@@ -192,12 +203,14 @@ def run_pipeline(
             replicas=replicas if replicated else None,
         )
     if pool is None:
-        with WorkerPool(ranks, timeout_s=timeout_s) as own:
+        with WorkerPool(ranks, timeout_s=timeout_s, hosts=hosts) as own:
             losses, seconds, states = own.run(jobs, steps)
+            notes = (*notes, *own.placement_notes())
     elif pool.ranks != ranks:
         raise InvalidRequest(f"a run on {ranks} workers given a pool of {pool.ranks}")
     else:
         losses, seconds, states = pool.run(jobs, steps)
+        notes = (*notes, *pool.placement_notes())
     write_back(model, ranges, states)
     return RunResult(
         kind.name,
@@ -218,23 +231,35 @@ class WorkerPool:
 
     Starting the workers (a Python with torch each) costs seconds; a pool lets several runs
     share them. After a failure the pool is closed and cannot run again.
+
+    ``gpus``: the GPUs the cell holds (`visible_gpus` by default); ``hosts``: where the ranks
+    they do not cover run (`HOSTS`, see the module docstring); ``fleet``: the kernel's client
+    (`FleetClient.from_environment` by default); ``address``: the one the workers reach the
+    driver at when some run elsewhere.
     """
 
     def __init__(
-        self, ranks: int, *, timeout_s: float = 120.0, gpus: list[str] | None = None
+        self,
+        ranks: int,
+        *,
+        timeout_s: float = 120.0,
+        gpus: list[str] | None = None,
+        hosts: str = "auto",
+        fleet: FleetClient | None = None,
+        address: str | None = None,
     ) -> None:
         import torch.distributed as dist
 
         gpus = visible_gpus() if gpus is None else gpus
-        if gpus and len(gpus) < ranks:
-            raise InvalidRequest(
-                f"{ranks} workers need {ranks} GPUs, one each; the cell holds {len(gpus)}"
-            )
+        local = ranks if not gpus and hosts != "fleet" else min(ranks, len(gpus))
+        client = None if local == ranks else self._fleet_client(ranks, gpus, hosts, fleet)
         self.ranks = ranks
         self.closed = False
         self.timeout_s = timeout_s
         token = secrets.token_hex(16)
-        self.listener = Listener(token)
+        if client is not None:
+            address = address or os.environ.get(ReplicaEnv.HOST_ADDRESS.value) or "127.0.0.1"
+        self.listener = Listener(token, address or "127.0.0.1")
         self.host = self.listener.host
         self.store: Any = dist.TCPStore(
             self.host,
@@ -245,11 +270,13 @@ class WorkerPool:
             timeout=timedelta(seconds=timeout_s),
         )
         self.channels: dict[int, Channel] = {}
-        self.logs: list[IO[bytes]] = []
-        self.processes: list[subprocess.Popen[bytes]] = []
+        self.workers: list[Workers] = []
         try:
-            for rank in range(ranks):
-                self.processes.append(self._spawn(rank, token, gpus))
+            port = self.listener.port
+            self.workers.append(LocalWorkers(range(local), self.host, port, token, gpus))
+            if client is not None:
+                remote = range(local, ranks)
+                self.workers.append(FleetWorkers(client, remote, self.host, port, token))
             self._accept_all()
             for rank, channel in self.channels.items():
                 channel.send(Session(rank, ranks, self.host, self.store.port, timeout_s))
@@ -278,26 +305,50 @@ class WorkerPool:
             self.close(graceful=False)
             raise
 
-    def _spawn(self, rank: int, token: str, gpus: list[str]) -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
-        env[TOKEN_ENV] = token
-        env["CUDA_VISIBLE_DEVICES"] = gpus[rank] if gpus else ""
-        log = tempfile.TemporaryFile()  # noqa: SIM115 (open until close())
-        self.logs.append(log)
-        command = [sys.executable, "-m", WORKER_MODULE, self.host, str(self.listener.port)]
-        return subprocess.Popen(
-            [*command, str(rank)],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    @staticmethod
+    def _fleet_client(
+        ranks: int, gpus: list[str], hosts: str, fleet: FleetClient | None
+    ) -> FleetClient | None:
+        """The client to ask the fleet for the ranks the cell's GPUs do not cover; None when
+        they are to run here (`InvalidRequest` when they cannot)."""
+        if hosts not in HOSTS:
+            raise InvalidRequest(f"hosts must be one of {', '.join(HOSTS)}, not {hosts!r}")
+        short = f"{ranks} workers need {ranks} GPUs, one each; the cell holds {len(gpus)}"
+        if hosts == "local":
+            raise InvalidRequest(short)
+        if fleet is not None:
+            return fleet
+        try:
+            return FleetClient.from_environment()
+        except ClientError as e:
+            raise InvalidRequest(f"{short}, and the fleet cannot lend more: {e}") from None
+
+    def placement_notes(self) -> tuple[str, ...]:
+        """Where the workers that do not run here run, for a run's notes."""
+        notes = []
+        for workers in self.workers:
+            if isinstance(workers, FleetWorkers):
+                placed = ", ".join(
+                    f"{rank} on {host} (GPU {','.join(devices)})"
+                    for rank, (host, devices) in sorted(workers.hosts().items())
+                )
+                notes.append(f"fleet workers {placed}")
+        return tuple(notes)
+
+    @property
+    def processes(self) -> list[subprocess.Popen[bytes]]:
+        """The worker processes that run here, children of this process, by rank."""
+        local = (w for w in self.workers if isinstance(w, LocalWorkers))
+        return [process for workers in local for process in workers.processes.values()]
+
+    def _of(self, rank: int) -> Workers:
+        return next(workers for workers in self.workers if rank in workers.ranks)
 
     def _accept_all(self) -> None:
         deadline = time.monotonic() + self.timeout_s
         while len(self.channels) < self.ranks:
-            for rank, process in enumerate(self.processes):
-                if process.poll() is not None and rank not in self.channels:
+            for rank in range(self.ranks):
+                if rank not in self.channels and self._of(rank).exit_code(rank) is not None:
                     raise self._death(rank)
             if time.monotonic() > deadline:
                 raise WorkerFailed(f"the workers did not all connect in {self.timeout_s:g} s")
@@ -346,13 +397,15 @@ class WorkerPool:
         )
 
     def _killed(self) -> WorkerFailed | None:
-        """A worker killed by a signal, waiting briefly: it is the cause of what follows."""
-        deadline = time.monotonic() + 0.5
+        """A worker killed by a signal, waiting briefly (as long as the slowest launcher takes
+        to learn of a death): it is the cause of what follows."""
+        deadline = time.monotonic() + max((w.notice_s for w in self.workers), default=0.5)
         while True:
-            for rank, process in enumerate(self.processes):
-                code = process.poll()
+            for rank in range(self.ranks):
+                workers = self._of(rank)
+                code = workers.exit_code(rank)
                 if code is not None and code < 0:
-                    return WorkerFailed(f"worker {rank} died (signal {-code})")
+                    return WorkerFailed(f"worker {rank} died (signal {-code}){workers.where(rank)}")
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.05)
@@ -364,17 +417,14 @@ class WorkerPool:
         killed = self._killed()
         if killed is not None:
             return killed
-        try:
-            code = self.processes[rank].wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return WorkerFailed(f"worker {rank} closed its connection and is still running")
-        return WorkerFailed(f"worker {rank} died (exit code {code}):\n{self._log_tail(rank)}")
-
-    def _log_tail(self, rank: int, size: int = 2000) -> str:
-        log = self.logs[rank]
-        log.seek(0, os.SEEK_END)
-        log.seek(max(0, log.tell() - size))
-        return log.read().decode(errors="replace").rstrip()
+        workers = self._of(rank)
+        code = wait_exit(workers, rank, timeout=5)
+        where = workers.where(rank)
+        if code is None:
+            return WorkerFailed(f"worker {rank}{where} closed its connection and is still running")
+        return WorkerFailed(
+            f"worker {rank} died (exit code {code}){where}:\n{workers.log_tail(rank)}"
+        )
 
     def close(self, graceful: bool = True) -> None:
         """End every worker and close the channels, the listener and the store. A graceful
@@ -387,13 +437,7 @@ class WorkerPool:
                 with contextlib.suppress(OSError):
                     channel.send(None)
             channel.close()
-        for process in self.processes:
-            try:
-                process.wait(timeout=5 if graceful else 0)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        for log in self.logs:
-            log.close()
+        for workers in self.workers:
+            workers.close(graceful)
         self.listener.close()
         self.store = None

@@ -79,6 +79,7 @@ RUN = "run model x y --loss mse --microbatches 2 "
         (RUN + "--schedule gpipe --stages 0,1,2-4 --workers 2", "3 stages but only 2 workers"),
         (RUN + "--schedule interleaved --stages 0-1,2-4 --workers 2", "2 stages per worker"),
         ("run model x y --loss mse --schedule gpipe --microbatches 5 --stages 0-1,2-4", "5 micro"),
+        (RUN + "--schedule gpipe --stages 0-4 --hosts moon", "--hosts: invalid choice: 'moon'"),
         (RUN + "--schedule gpipe --stages 0-4 --loss nope", "nope is not defined"),
         (RUN + "--schedule gpipe --stages 0-4 --loss x", "--loss x: not mse, cross_entropy"),
         ("run model x --loss mse --schedule gpipe --microbatches 2", "required: targets"),

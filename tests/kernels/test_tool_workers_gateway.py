@@ -1,0 +1,108 @@
+"""The gateway's tool-workers service against one real host agent (no gateway process): a
+group's GPUs are held while it lives and freed however it ends (deleted, its cell ended, its
+host lost); the workers a lost host still runs are stopped when it reports again.
+
+The kernel's cells are the test's `Cells` (a running cell or none), standing for the kernel
+service, which the live test (`tests/gateway/test_tool_workers_live.py`) drives for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from kernelfleet.errors import Conflict
+from kernelfleet.gateway.hosts import HostRegistry
+from kernelfleet.gateway.ledger import GpuLedger, device_ids_of
+from kernelfleet.gateway.tool_workers import RunningCell, ToolWorkerService
+from kernelfleet.tools.pipeline.channel import TOKEN_ENV, Listener
+
+from .conftest import TOKEN
+
+MODULE = "kernelfleet.tools.pipeline.worker"
+
+
+class Cells:
+    """Kernel ``k``'s running cell: ``cell`` (None: it runs none)."""
+
+    def __init__(self) -> None:
+        self.cell: RunningCell | None = RunningCell("cell-1", None)
+
+    def running_cell(self, kernel_id: str) -> RunningCell | None:
+        return self.cell
+
+
+async def report(hosts: HostRegistry, ledger: GpuLedger, agent: Any, now: float) -> None:
+    """What the gateway does with a heartbeat: the registry, then the ledger's spec."""
+    body = await agent.client.host_info()
+    host = hosts.report(agent.host_id, body, now)
+    ledger.set_host(host.id, device_ids_of(host.gpus))
+
+
+async def connected(listener: Listener, count: int) -> list[Any]:
+    return [await asyncio.to_thread(listener.accept, 60.0) for _ in range(count)]
+
+
+@pytest.mark.slow
+async def test_a_groups_gpus_are_held_while_it_lives_and_freed_however_it_ends(host_agent):
+    agent = await host_agent(gpus=2)
+    hosts, ledger, cells = (
+        HostRegistry(TOKEN, heartbeat_timeout=10),
+        GpuLedger(checked=True),
+        Cells(),
+    )
+    service = ToolWorkerService(hosts, ledger, cells, grace=2.0)
+    await report(hosts, ledger, agent, now=0.0)
+    ledger.subscribe(agent.host_id, "k", "r", 0)
+    listener = Listener("secret")
+    body = {"count": 2, "module": MODULE, "args": [listener.host, str(listener.port)],
+            "args_each": [["0"], ["1"]], "env": {TOKEN_ENV: "secret"}}  # fmt: skip
+    try:
+        # deleted: both GPUs held while it runs, free after
+        group = await service.start("k", body)
+        assert group.state == "running"
+        assert ledger.holds(group.id) == {agent.host_id: ("0", "1")}
+        channels = await connected(listener, 2)
+        with pytest.raises(Conflict, match="0 are free now"):
+            await service.start("k", {**body, "count": 1, "args_each": [["0"]]})
+        ended = await service.stop("k", group.id)
+        assert (ended.state, ended.ended_why) == ("ended", "deleted")
+        assert all(worker.state == "exited" for worker in ended.workers)
+        assert ledger.holds(group.id) == {}
+        assert ledger.breaches == 0
+        for channel in channels:
+            channel.close()
+
+        # its cell ended: the sweep ends it
+        group = await service.start("k", {**body, "count": 1, "args_each": [["0"]]})
+        (channel,) = await connected(listener, 1)
+        cells.cell = RunningCell("cell-2", None)
+        service.sweep()
+        await asyncio.wait_for(service.ending(group), 30)
+        assert group.ended_why == "cell cell-1 ended"
+        assert ledger.holds(group.id) == {}
+        channel.close()
+
+        # its host lost: the devices go at once; what the host still runs is stopped when it
+        # reports again
+        cells.cell = RunningCell("cell-3", None)
+        group = await service.start("k", {**body, "count": 1, "args_each": [["0"]]})
+        (channel,) = await connected(listener, 1)
+        hosts.check_liveness(now=100.0)
+        await asyncio.wait_for(service.ending(group), 30)
+        assert group.ended_why == f"host {agent.host_id} was lost"
+        assert ledger.holds(group.id) == {}
+        await report(hosts, ledger, agent, now=101.0)  # back: it still runs the worker
+
+        for _ in range(300):
+            if not (await agent.client.host_info())["workers"]:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the worker the lost host still ran was not stopped")
+        channel.close()
+    finally:
+        listener.close()
+        hosts.close()
