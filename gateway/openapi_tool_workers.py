@@ -93,7 +93,8 @@ def tool_worker_paths(kernel_id: dict[str, Any], auth_errors: dict[str, Any]) ->
                 "summary": "Start `count` workers of `gpus_each` GPUs each for the kernel's "
                 "running cell, on any hosts (the cell's host first, then fewest hosts); their "
                 "GPUs are held for the kernel until the group is deleted, all its workers "
-                "exit, the cell ends, the kernel goes or a host of it is lost. GPUs lent to "
+                "exit, the cell ends, the kernel goes or a host of it is lost, and then until "
+                "each worker is known stopped. GPUs lent to "
                 "background jobs are taken last, the jobs preempted. The kernel's own token "
                 "may.",
                 "requestBody": {
