@@ -277,8 +277,10 @@ class ToolWorkerService:
         task = self._ending.get(group.id)
         return group if task is None else await asyncio.shield(task)
 
-    async def refresh_logs(self, group: WorkerGroup) -> WorkerGroup:
-        """Fetch the log tails of the group's workers from their agents (those it can)."""
+    async def refresh_logs(self, group: WorkerGroup, everyone: bool = False) -> WorkerGroup:
+        """Fetch from their agents (those it can) the log tails of the group's workers that
+        exited (the error path; of all of them when `everyone`): a poll while all run asks the
+        agents nothing. An ended group's tails were fetched when it ended."""
 
         async def tail(worker: ToolWorker) -> None:
             with contextlib.suppress(FleetError):
@@ -286,7 +288,8 @@ class ToolWorkerService:
                 worker.log_tail = await client.worker_log(worker.id, LOG_TAIL_LINES)
 
         if group.state != "ended":
-            await asyncio.gather(*(tail(worker) for worker in group.workers))
+            wanted = [w for w in group.workers if everyone or w.state == "exited"]
+            await asyncio.gather(*(tail(worker) for worker in wanted if not worker.released))
         return group
 
     # ---- ending ----------------------------------------------------------------------------

@@ -80,6 +80,21 @@ async def test_a_groups_gpus_are_held_while_it_lives_and_freed_however_it_ends(h
         for channel in channels:
             channel.close()
 
+        # a worker fails while the other runs: the group runs on, and the exited one's log
+        # tail is fetched from its agent (the error path: a poll while all run asks none)
+        group = await service.start("k", {**body, "args_each": [["0"], ["not-a-rank"]]})
+        (channel,) = await connected(listener, 1)
+        for now in range(1, 300):
+            await report(hosts, ledger, agent, now=now / 100)
+            if group.workers[1].state == "exited":
+                break
+            await asyncio.sleep(0.1)
+        assert [worker.state for worker in group.workers] == ["running", "exited"]
+        await service.refresh_logs(group)
+        assert "not-a-rank" in "\n".join(group.workers[1].log_tail)
+        await service.stop("k", group.id)
+        channel.close()
+
         # its cell ended: the sweep ends it
         group = await service.start("k", {**body, "count": 1, "args_each": [["0"]]})
         (channel,) = await connected(listener, 1)
