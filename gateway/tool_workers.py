@@ -226,6 +226,8 @@ class ToolWorkerService:
         self._new_id = new_id
         self._groups: dict[str, WorkerGroup] = {}
         self._ending: dict[str, asyncio.Task[WorkerGroup]] = {}
+        self._launching: dict[str, asyncio.Event] = {}
+        """Groups whose launches are under way: set once they all answered."""
         self._strays: set[asyncio.Task[None]] = set()
         hosts.observe(self)
 
@@ -254,16 +256,21 @@ class ToolWorkerService:
         group = self._new_group(kernel_id, cell.cell_id, request.module, slots)
         preempted = self._hold(group)
         self._groups[group.id] = group
+        self._launching[group.id] = asyncio.Event()
         try:
-            if preempted and self._jobs is not None:
-                await self._jobs.preempt(preempted, f"tool workers of kernel {kernel_id}")
-            await asyncio.gather(
-                *(self._launch(group, worker, request) for worker in group.workers)
-            )
+            try:
+                if preempted and self._jobs is not None:
+                    await self._jobs.preempt(preempted, f"tool workers of kernel {kernel_id}")
+                await asyncio.gather(
+                    *(self._launch(group, worker, request) for worker in group.workers)
+                )
+            finally:
+                self._launching.pop(group.id).set()
         except BaseException as e:
             await self._end(group, f"a worker could not start: {e}")
             raise
-        group.state = "running"
+        if group.state == "starting":  # else deleted while it started: ending already
+            group.state = "running"
         log.info("kernel %s: tool workers %s started on %s", kernel_id, group.id,
                  ", ".join(f"{h}:{','.join(d)}" for h, d in group.holds().items()))  # fmt: skip
         return group
@@ -352,6 +359,9 @@ class ToolWorkerService:
             group.state, group.ended_why = "ending", why
             log.info("kernel %s: tool workers %s end: %s", group.kernel_id, group.id, why)
         try:
+            launching = self._launching.get(group.id)
+            if launching is not None:  # deleted while it starts: what it launches is stopped
+                await launching.wait()
             await asyncio.gather(
                 *(self._stop_worker(group, w) for w in group.workers if not w.released)
             )
@@ -386,7 +396,9 @@ class ToolWorkerService:
     def _release(self, group: WorkerGroup, worker: ToolWorker) -> None:
         """The worker is known gone: end the holds of its devices."""
         worker.state, worker.released = "exited", True
-        self._ledger.unhold(group.id, worker.host_id, worker.device_ids)
+        freed = self._ledger.unhold(group.id, worker.host_id, worker.device_ids)
+        if freed and self._jobs is not None:
+            self._jobs.gpus_released()
 
     def _finish_if_gone(self, group: WorkerGroup) -> None:
         """End an ``ending`` group whose workers are all gone (unless a stop is under way)."""
@@ -396,8 +408,6 @@ class ToolWorkerService:
             return
         group.state = "ended"
         self._forget_old(group.kernel_id)
-        if self._jobs is not None:
-            self._jobs.gpus_released()
 
     def _forget_old(self, kernel_id: str) -> None:
         ended = [g for g in self.groups(kernel_id) if g.state == "ended"]
@@ -416,6 +426,8 @@ class ToolWorkerService:
                     known.add(worker.id)  # a late launch, or one a lost host kept, is a stray
                 if worker.host_id != host.id:
                     continue
+                if group.state == "ending" and group.id in self._launching:
+                    continue  # not listed may mean not launched yet
                 if group.state == "ending" and not worker.released:
                     seen = reported.get(worker.id)
                     if seen is None or seen.get("state") == "exited":

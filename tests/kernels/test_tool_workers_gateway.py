@@ -65,34 +65,29 @@ async def test_a_groups_gpus_are_held_while_it_lives_and_freed_however_it_ends(h
     body = {"count": 2, "module": MODULE, "args": [listener.host, str(listener.port)],
             "args_each": [["0"], ["1"]], "env": {TOKEN_ENV: "secret"}}  # fmt: skip
     try:
-        # deleted: both GPUs held while it runs, free after
-        group = await service.start("k", body)
+        # deleted: both GPUs held while it runs, free after. Worker 1 fails at once: the group
+        # runs on, and its log tail is fetched from its agent (the error path: a poll while
+        # all run asks the agents nothing)
+        group = await service.start("k", {**body, "args_each": [["0"], ["not-a-rank"]]})
         assert group.state == "running"
         assert ledger.holds(group.id) == {agent.host_id: ("0", "1")}
-        channels = await connected(listener, 2)
+        (channel,) = await connected(listener, 1)
         with pytest.raises(Conflict, match="0 are free now"):
             await service.start("k", {**body, "count": 1, "args_each": [["0"]]})
-        ended = await service.stop("k", group.id)
-        assert (ended.state, ended.ended_why) == ("ended", "deleted")
-        assert all(worker.state == "exited" for worker in ended.workers)
-        assert ledger.holds(group.id) == {}
-        assert ledger.breaches == 0
-        for channel in channels:
-            channel.close()
-
-        # a worker fails while the other runs: the group runs on, and the exited one's log
-        # tail is fetched from its agent (the error path: a poll while all run asks none)
-        group = await service.start("k", {**body, "args_each": [["0"], ["not-a-rank"]]})
-        (channel,) = await connected(listener, 1)
         for now in range(1, 300):
             await report(hosts, ledger, agent, now=now / 100)
             if group.workers[1].state == "exited":
                 break
             await asyncio.sleep(0.1)
         assert [worker.state for worker in group.workers] == ["running", "exited"]
+        assert group.state == "running"
         await service.refresh_logs(group)
         assert "not-a-rank" in "\n".join(group.workers[1].log_tail)
-        await service.stop("k", group.id)
+        ended = await service.stop("k", group.id)
+        assert (ended.state, ended.ended_why) == ("ended", "deleted")
+        assert all(worker.state == "exited" for worker in ended.workers)
+        assert ledger.holds(group.id) == {}
+        assert ledger.breaches == 0
         channel.close()
 
         # its cell ended: the sweep ends it
@@ -130,9 +125,10 @@ async def test_a_groups_gpus_are_held_while_it_lives_and_freed_however_it_ends(h
 
 @pytest.mark.slow
 async def test_a_gone_kernels_gpus_stay_held_until_its_workers_are_known_gone(host_agent):
-    """The kernel is deleted (the ledger loses its claims) while its worker runs, and the
-    agent cannot answer the stop (frozen): the device stays held, so no cell can have it,
-    until the agent, thawed, stops the worker and reports it gone."""
+    """A group deleted while it starts ends once its launch answered. The kernel is deleted
+    (the ledger loses its claims) while its worker runs, and the agent cannot answer the stop
+    (frozen): the device stays held, so no cell can have it, until the agent, thawed, stops
+    the worker and reports it gone."""
     agent = await host_agent(gpus=1)
     hosts, ledger, cells = (
         HostRegistry(TOKEN, heartbeat_timeout=10),
@@ -154,6 +150,17 @@ async def test_a_gone_kernels_gpus_stay_held_until_its_workers_are_known_gone(ho
         return held
 
     try:
+        # deleted while it starts: the launch is awaited, then what it started is stopped
+        starting = asyncio.create_task(service.start("k", body))
+        await asyncio.sleep(0)  # start() runs to its first await: the launch
+        (group,) = service.groups("k")
+        assert group.state == "starting"
+        ended = await service.stop("k", group.id)
+        assert ended.state == "ended"
+        assert (await starting).state == "ended"
+        assert ledger.holds(group.id) == {}
+        assert (await agent.client.host_info())["workers"] == []
+
         group = await service.start("k", body)
         (channel,) = await connected(listener, 1)
         cells.gone = True
