@@ -24,8 +24,9 @@ all its devices (a device vanished). A sweep every ``sweep_s`` seconds checks al
 
 A worker's devices stay held (`GpuLedger.unhold` ends them) until it is known gone: its agent
 answered the stop, or reports it exited or no longer lists it, or its host is lost (the ledger
-drops a lost host's devices itself). Until all its workers are gone the group is ``ending``
-(kept, even when its kernel went); the sweep retries the stops that failed. So no cell is given
+drops a lost host's devices itself). Until all its workers are gone, and forgotten by their
+agents, the group is ``ending`` (kept, even when its kernel went); the sweep retries the stops
+that failed. So no cell is given
 a device a worker may still use, except after a host was lost: what it still runs when it
 comes back is stopped as a stray, while its devices are already free.
 
@@ -120,7 +121,9 @@ class ToolWorker:
     exit_code: int | None = None
     log_tail: list[str] = field(default_factory=list)
     released: bool = False
-    """Known gone (stopped, or its host lost) and its devices' holds ended."""
+    """Known gone (stopped, exited, or its host lost) and its devices' holds ended."""
+    forgotten: bool = False
+    """Its agent keeps it no more (forgotten, or never started there), or its host was lost."""
 
     def model(self) -> dict[str, Any]:
         return {
@@ -296,7 +299,7 @@ class ToolWorkerService:
 
         if group.state != "ended":
             wanted = [w for w in group.workers if everyone or w.state == "exited"]
-            await asyncio.gather(*(tail(worker) for worker in wanted if not worker.released))
+            await asyncio.gather(*(tail(worker) for worker in wanted if not worker.forgotten))
         return group
 
     # ---- ending ----------------------------------------------------------------------------
@@ -363,7 +366,7 @@ class ToolWorkerService:
             if launching is not None:  # deleted while it starts: what it launches is stopped
                 await launching.wait()
             await asyncio.gather(
-                *(self._stop_worker(group, w) for w in group.workers if not w.released)
+                *(self._stop_worker(group, w) for w in group.workers if not w.forgotten)
             )
         finally:
             self._ending.pop(group.id, None)
@@ -374,10 +377,10 @@ class ToolWorkerService:
         try:
             host = self._hosts.get(worker.host_id)
         except NotFound:
-            self._release(group, worker)
+            self._release(group, worker, forgotten=True)
             return
         if not host.alive:
-            self._release(group, worker)
+            self._release(group, worker, forgotten=True)
             return
         try:
             answer = await host.client.stop_worker(worker.id, self.grace)
@@ -391,20 +394,22 @@ class ToolWorkerService:
             log.warning("cannot stop tool worker %s on host %s (its GPUs stay held): %s",
                         worker.id, host.id, e)  # fmt: skip
             return
-        self._release(group, worker)
+        self._release(group, worker, forgotten=True)
 
-    def _release(self, group: WorkerGroup, worker: ToolWorker) -> None:
+    def _release(self, group: WorkerGroup, worker: ToolWorker, forgotten: bool) -> None:
         """The worker is known gone: end the holds of its devices."""
         worker.state, worker.released = "exited", True
+        worker.forgotten = worker.forgotten or forgotten
         freed = self._ledger.unhold(group.id, worker.host_id, worker.device_ids)
         if freed and self._jobs is not None:
             self._jobs.gpus_released()
 
     def _finish_if_gone(self, group: WorkerGroup) -> None:
-        """End an ``ending`` group whose workers are all gone (unless a stop is under way)."""
+        """End an ``ending`` group whose workers are all gone and forgotten by their agents
+        (unless a stop is under way)."""
         if group.state != "ending" or group.id in self._ending:
             return
-        if not all(worker.released for worker in group.workers):
+        if not all(worker.released and worker.forgotten for worker in group.workers):
             return
         group.state = "ended"
         self._forget_old(group.kernel_id)
@@ -420,7 +425,7 @@ class ToolWorkerService:
         """Take the workers' states from the report; stop running workers no group knows."""
         reported = {str(w.get("id")): w for w in host.workers}
         known: set[str] = set()
-        for group in self._groups.values():
+        for group in list(self._groups.values()):
             for worker in group.workers:
                 if group.state != "ended" and not worker.released:
                     known.add(worker.id)  # a late launch, or one a lost host kept, is a stray
@@ -428,10 +433,11 @@ class ToolWorkerService:
                     continue
                 if group.state == "ending" and group.id in self._launching:
                     continue  # not listed may mean not launched yet
-                if group.state == "ending" and not worker.released:
+                if group.state == "ending" and not worker.forgotten:
                     seen = reported.get(worker.id)
                     if seen is None or seen.get("state") == "exited":
-                        self._release(group, worker)  # gone: its stop may have failed
+                        # gone, though its stop failed: the sweep's retry forgets it there
+                        self._release(group, worker, forgotten=seen is None)
                         self._finish_if_gone(group)
                     continue
                 if group.state != "running":
@@ -458,8 +464,8 @@ class ToolWorkerService:
         for group in list(self._groups.values()):
             if group.state == "ending":
                 for worker in group.workers:
-                    if worker.host_id == host.id and not worker.released:
-                        self._release(group, worker)
+                    if worker.host_id == host.id and not worker.forgotten:
+                        self._release(group, worker, forgotten=True)
                 self._finish_if_gone(group)
             elif group.state == "running" and any(w.host_id == host.id for w in group.workers):
                 self._end_later(group, f"host {host.id} was lost")
