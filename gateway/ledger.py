@@ -20,8 +20,10 @@ processes the cell's code starts through the gateway, `kernelfleet.gateway.tool_
 hold (`WorkerHold`, per group of workers) is exclusive like a binding, is never lent, counts as
 committed, and is not a binding (it belongs to no replica and may be on hosts where the kernel
 has none). `hold` takes devices lent to jobs last and ends their loans (cells first, as
-`commit`); holds go when `unhold` ends them, when their host is dropped or stops reporting the
-device, and when the kernel's last claim goes (`unsubscribe`, `remove_kernel`).
+`commit`); holds go only when `unhold` ends them (the caller knows the workers are gone), when
+their host is dropped or when it stops reporting the device. They outlive the kernel's claims: a
+kernel that goes keeps its holds until its workers are known to have stopped, so no cell is
+given a device a worker may still use.
 
 Besides, the ledger remembers which replica's memory may still be **warm** on a free device (it
 was bound there and has not offloaded since); `commit` prefers a replica's own warm devices and
@@ -200,7 +202,6 @@ class GpuLedger:
             del self._bindings[(binding.kernel_id, binding.replica_id)]
         for key in [key for key, claim in self._claims.items() if claim.host_id == host_id]:
             del self._claims[key]
-        self._unhold_orphans()
         self._released(cut)
         return cut
 
@@ -234,7 +235,6 @@ class GpuLedger:
         self._claims.pop(key, None)
         binding = self._bindings.pop(key, None)
         self._forget_warm(key)
-        self._unhold_orphans()
         if binding is not None:
             self._drop_vanished(binding)
             self._released((binding,))
@@ -447,9 +447,19 @@ class GpuLedger:
         return preempted
 
     @_mutates
-    def unhold(self, group_id: str) -> dict[str, tuple[str, ...]]:
-        """End the holds of `group_id`; returns host -> the devices they had. Idempotent."""
-        return self._unhold_where(lambda hold: hold.group_id == group_id)
+    def unhold(
+        self, group_id: str, host_id: str | None = None, device_ids: Iterable[str] | None = None
+    ) -> dict[str, tuple[str, ...]]:
+        """End the holds of `group_id` (only those on `host_id`, of `device_ids`, when given:
+        one worker's); returns host -> the devices they had. Idempotent."""
+        only = None if device_ids is None else set(device_ids)
+        return self._unhold_where(
+            lambda host, device, hold: (
+                hold.group_id == group_id
+                and host_id in (None, host)
+                and (only is None or device in only)
+            )
+        )
 
     def holds(self, group_id: str) -> dict[str, tuple[str, ...]]:
         """Host -> the devices held for `group_id` now (a host or device that went is gone)."""
@@ -546,7 +556,7 @@ class GpuLedger:
         by its replica and binds distinct devices the host has (or lists as vanished); no device
         is bound twice; vanished devices are bound and absent from the spec; warm devices are in
         the spec and belong to subscribed replicas; held devices are in the spec, neither bound
-        nor lent, and held for a kernel that has a claim."""
+        nor lent (a hold may outlive its kernel's claims: its workers may still run)."""
         for key, claim in self._claims.items():
             _require(key == (claim.kernel_id, claim.replica_id), f"claim {claim} filed as {key}")
             _require(claim.host_id in self._hosts, f"claim {claim} is on an unknown host")
@@ -604,11 +614,6 @@ class GpuLedger:
                     and device not in host.lent,
                     f"device {device} of host {host_id} is held for {hold} but is "
                     + ("not in spec" if device not in host.devices else "bound or lent too"),
-                )
-                _require(
-                    any(k == hold.kernel_id for k, _ in self._claims),
-                    f"device {device} of host {host_id} is held for {hold}, whose kernel "
-                    "runs no replica",
                 )
             for device, resident in host.warm.items():
                 _require(
@@ -674,20 +679,20 @@ class GpuLedger:
         if host is not None:
             host.vanished.difference_update(binding.device_ids)
 
-    def _unhold_where(self, ended: Callable[[WorkerHold], bool]) -> dict[str, tuple[str, ...]]:
+    def _unhold_where(
+        self, ended: Callable[[str, str, WorkerHold], bool]
+    ) -> dict[str, tuple[str, ...]]:
+        """End the holds for which ``ended(host_id, device, hold)``; host -> their devices."""
         freed: dict[str, tuple[str, ...]] = {}
         for host_id, host in self._hosts.items():
-            devices = tuple(d for d in host.devices if d in host.held and ended(host.held[d]))
+            devices = tuple(
+                d for d in host.devices if d in host.held and ended(host_id, d, host.held[d])
+            )
             for device in devices:
                 del host.held[device]
             if devices:
                 freed[host_id] = devices
         return freed
-
-    def _unhold_orphans(self) -> None:
-        """End the holds of kernels that no longer have a claim anywhere."""
-        claimed = {kernel_id for kernel_id, _ in self._claims}
-        self._unhold_where(lambda hold: hold.kernel_id not in claimed)
 
     def _forget_warm(self, key: ReplicaKey) -> None:
         for host in self._hosts.values():

@@ -93,7 +93,8 @@ def tool_worker_paths(kernel_id: dict[str, Any], auth_errors: dict[str, Any]) ->
                 "summary": "Start `count` workers of `gpus_each` GPUs each for the kernel's "
                 "running cell, on any hosts (the cell's host first, then fewest hosts); their "
                 "GPUs are held for the kernel until the group is deleted, all its workers "
-                "exit, the cell ends, the kernel goes or a host of it is lost. GPUs lent to "
+                "exit, the cell ends, the kernel goes or a host of it is lost, and then until "
+                "each worker is known stopped. GPUs lent to "
                 "background jobs are taken last, the jobs preempted. The kernel's own token "
                 "may.",
                 "requestBody": {
@@ -121,7 +122,18 @@ def tool_worker_paths(kernel_id: dict[str, Any], auth_errors: dict[str, Any]) ->
             "parameters": [kernel_id, group_id],
             "get": {
                 "operationId": "getToolWorkers",
-                "summary": "One group, each worker's state, exit code and log tail.",
+                "summary": "One group, each worker's state and exit code, and the log tails "
+                "of the workers that exited (fetched from their hosts; an ended group's were "
+                "fetched when it ended).",
+                "parameters": [
+                    {
+                        "name": "logs",
+                        "in": "query",
+                        "required": False,
+                        "description": "``all``: the log tails of the running workers too.",
+                        "schema": {"type": "string", "enum": ["all"]},
+                    }
+                ],
                 "responses": {
                     "200": json_response(ref("ToolWorkerGroup"), "The group."),
                     "404": unknown,

@@ -16,18 +16,23 @@ service (`ToolWorkerService`):
 - has each host's agent start its workers (``POST /api/workers``), with exactly their devices;
   if any launch fails, the others are stopped and the devices freed, and the request fails.
 
-A group of workers ends, its workers stopped (SIGTERM, ``grace``, SIGKILL) and its devices
-freed, when it is deleted, when all its workers exited, when the cell that started it ends,
-when its kernel goes, when a host of its workers is lost or stops running them, and when the
-ledger no longer holds all its devices (a device vanished). A sweep every ``sweep_s`` seconds
-checks all but the first (deletion acts at once); host reports update the workers' states at
-once. Ended groups are kept (the last `KEPT_ENDED` of each kernel) for ``GET``, with their
-workers' exit codes and log tails. A running worker that a host reports but no group knows (a
-gateway restarted under it) is stopped.
+A group of workers ends, its workers stopped (SIGTERM, ``grace``, SIGKILL), when it is
+deleted, when all its workers exited, when the cell that started it ends, when its kernel goes,
+when a host of its workers is lost or stops running them, and when the ledger no longer holds
+all its devices (a device vanished). A sweep every ``sweep_s`` seconds checks all but the first
+(deletion acts at once); host reports update the workers' states at once.
 
-Known gap: when a kernel goes (or a host is dropped), the ledger ends its holds at once, with
-its claims, while the sweep stops the workers up to ``sweep_s`` seconds (plus the grace) later;
-a cell could be given such a device in that window.
+A worker's devices stay held (`GpuLedger.unhold` ends them) until it is known gone: its agent
+answered the stop, or reports it exited or no longer lists it, or its host is lost (the ledger
+drops a lost host's devices itself). Until all its workers are gone, and forgotten by their
+agents, the group is ``ending`` (kept, even when its kernel went); the sweep retries the stops
+that failed. So no cell is given
+a device a worker may still use, except after a host was lost: what it still runs when it
+comes back is stopped as a stray, while its devices are already free.
+
+Ended groups are kept (the last `KEPT_ENDED` of each kernel) for ``GET``, with their workers'
+exit codes and log tails. A running worker that a host reports but no group knows (a gateway
+restarted under it) is stopped.
 """
 
 from __future__ import annotations
@@ -115,6 +120,10 @@ class ToolWorker:
     """``starting``, ``running`` or ``exited``."""
     exit_code: int | None = None
     log_tail: list[str] = field(default_factory=list)
+    released: bool = False
+    """Known gone (stopped, exited, or its host lost) and its devices' holds ended."""
+    forgotten: bool = False
+    """Its agent keeps it no more (forgotten, or never started there), or its host was lost."""
 
     def model(self) -> dict[str, Any]:
         return {
@@ -220,6 +229,8 @@ class ToolWorkerService:
         self._new_id = new_id
         self._groups: dict[str, WorkerGroup] = {}
         self._ending: dict[str, asyncio.Task[WorkerGroup]] = {}
+        self._launching: dict[str, asyncio.Event] = {}
+        """Groups whose launches are under way: set once they all answered."""
         self._strays: set[asyncio.Task[None]] = set()
         hosts.observe(self)
 
@@ -248,16 +259,21 @@ class ToolWorkerService:
         group = self._new_group(kernel_id, cell.cell_id, request.module, slots)
         preempted = self._hold(group)
         self._groups[group.id] = group
+        self._launching[group.id] = asyncio.Event()
         try:
-            if preempted and self._jobs is not None:
-                await self._jobs.preempt(preempted, f"tool workers of kernel {kernel_id}")
-            await asyncio.gather(
-                *(self._launch(group, worker, request) for worker in group.workers)
-            )
+            try:
+                if preempted and self._jobs is not None:
+                    await self._jobs.preempt(preempted, f"tool workers of kernel {kernel_id}")
+                await asyncio.gather(
+                    *(self._launch(group, worker, request) for worker in group.workers)
+                )
+            finally:
+                self._launching.pop(group.id).set()
         except BaseException as e:
             await self._end(group, f"a worker could not start: {e}")
             raise
-        group.state = "running"
+        if group.state == "starting":  # else deleted while it started: ending already
+            group.state = "running"
         log.info("kernel %s: tool workers %s started on %s", kernel_id, group.id,
                  ", ".join(f"{h}:{','.join(d)}" for h, d in group.holds().items()))  # fmt: skip
         return group
@@ -271,8 +287,10 @@ class ToolWorkerService:
         task = self._ending.get(group.id)
         return group if task is None else await asyncio.shield(task)
 
-    async def refresh_logs(self, group: WorkerGroup) -> WorkerGroup:
-        """Fetch the log tails of the group's workers from their agents (those it can)."""
+    async def refresh_logs(self, group: WorkerGroup, everyone: bool = False) -> WorkerGroup:
+        """Fetch from their agents (those it can) the log tails of the group's workers that
+        exited (the error path; of all of them when `everyone`): a poll while all run asks the
+        agents nothing. An ended group's tails were fetched when it ended."""
 
         async def tail(worker: ToolWorker) -> None:
             with contextlib.suppress(FleetError):
@@ -280,7 +298,8 @@ class ToolWorkerService:
                 worker.log_tail = await client.worker_log(worker.id, LOG_TAIL_LINES)
 
         if group.state != "ended":
-            await asyncio.gather(*(tail(worker) for worker in group.workers))
+            wanted = [w for w in group.workers if everyone or w.state == "exited"]
+            await asyncio.gather(*(tail(worker) for worker in wanted if not worker.forgotten))
         return group
 
     # ---- ending ----------------------------------------------------------------------------
@@ -299,6 +318,8 @@ class ToolWorkerService:
                 why = self._why_end(group)
                 if why is not None:
                     self._end_later(group, why)
+            elif group.state == "ending" and group.id not in self._ending:
+                self._end_later(group, group.ended_why)  # stops that failed: again
 
     def _why_end(self, group: WorkerGroup) -> str | None:
         try:
@@ -334,25 +355,32 @@ class ToolWorkerService:
         return await asyncio.shield(self._end_later(group, why))
 
     async def _ending_of(self, group: WorkerGroup, why: str) -> WorkerGroup:
-        group.state, group.ended_why = "ending", why
-        log.info("kernel %s: tool workers %s end: %s", group.kernel_id, group.id, why)
-        await asyncio.gather(*(self._stop_worker(worker) for worker in group.workers))
-        self._ledger.unhold(group.id)
-        group.state = "ended"
-        self._ending.pop(group.id, None)
-        self._forget_old(group.kernel_id)
-        if self._jobs is not None:
-            self._jobs.gpus_released()
+        """Stop the workers not yet gone, releasing each one's devices as it goes; the group
+        ends when all are gone, else stays ``ending`` (a report, a lost host or the next sweep
+        finishes it)."""
+        if group.state != "ending":
+            group.state, group.ended_why = "ending", why
+            log.info("kernel %s: tool workers %s end: %s", group.kernel_id, group.id, why)
+        try:
+            launching = self._launching.get(group.id)
+            if launching is not None:  # deleted while it starts: what it launches is stopped
+                await launching.wait()
+            await asyncio.gather(
+                *(self._stop_worker(group, w) for w in group.workers if not w.forgotten)
+            )
+        finally:
+            self._ending.pop(group.id, None)
+        self._finish_if_gone(group)
         return group
 
-    async def _stop_worker(self, worker: ToolWorker) -> None:
+    async def _stop_worker(self, group: WorkerGroup, worker: ToolWorker) -> None:
         try:
             host = self._hosts.get(worker.host_id)
         except NotFound:
-            worker.state = "exited"
+            self._release(group, worker, forgotten=True)
             return
         if not host.alive:
-            worker.state = "exited"
+            self._release(group, worker, forgotten=True)
             return
         try:
             answer = await host.client.stop_worker(worker.id, self.grace)
@@ -363,8 +391,28 @@ class ToolWorkerService:
         except NotFound:
             pass  # never started there, or forgotten already
         except FleetError as e:
-            log.warning("cannot stop tool worker %s on host %s: %s", worker.id, host.id, e)
-        worker.state = "exited"
+            log.warning("cannot stop tool worker %s on host %s (its GPUs stay held): %s",
+                        worker.id, host.id, e)  # fmt: skip
+            return
+        self._release(group, worker, forgotten=True)
+
+    def _release(self, group: WorkerGroup, worker: ToolWorker, forgotten: bool) -> None:
+        """The worker is known gone: end the holds of its devices."""
+        worker.state, worker.released = "exited", True
+        worker.forgotten = worker.forgotten or forgotten
+        freed = self._ledger.unhold(group.id, worker.host_id, worker.device_ids)
+        if freed and self._jobs is not None:
+            self._jobs.gpus_released()
+
+    def _finish_if_gone(self, group: WorkerGroup) -> None:
+        """End an ``ending`` group whose workers are all gone and forgotten by their agents
+        (unless a stop is under way)."""
+        if group.state != "ending" or group.id in self._ending:
+            return
+        if not all(worker.released and worker.forgotten for worker in group.workers):
+            return
+        group.state = "ended"
+        self._forget_old(group.kernel_id)
 
     def _forget_old(self, kernel_id: str) -> None:
         ended = [g for g in self.groups(kernel_id) if g.state == "ended"]
@@ -377,11 +425,22 @@ class ToolWorkerService:
         """Take the workers' states from the report; stop running workers no group knows."""
         reported = {str(w.get("id")): w for w in host.workers}
         known: set[str] = set()
-        for group in self._groups.values():
+        for group in list(self._groups.values()):
             for worker in group.workers:
-                if group.state != "ended":  # a late launch for an ended group is a stray
-                    known.add(worker.id)
-                if worker.host_id != host.id or group.state != "running":
+                if group.state != "ended" and not worker.released:
+                    known.add(worker.id)  # a late launch, or one a lost host kept, is a stray
+                if worker.host_id != host.id:
+                    continue
+                if group.state == "ending" and group.id in self._launching:
+                    continue  # not listed may mean not launched yet
+                if group.state == "ending" and not worker.forgotten:
+                    seen = reported.get(worker.id)
+                    if seen is None or seen.get("state") == "exited":
+                        # gone, though its stop failed: the sweep's retry forgets it there
+                        self._release(group, worker, forgotten=seen is None)
+                        self._finish_if_gone(group)
+                    continue
+                if group.state != "running":
                     continue
                 seen = reported.get(worker.id)
                 if seen is None:
@@ -400,8 +459,15 @@ class ToolWorkerService:
             self.sweep()
 
     def on_host_lost(self, host: HostRecord) -> None:
-        for group in self._groups.values():
-            if group.state == "running" and any(w.host_id == host.id for w in group.workers):
+        """End the groups with workers on the host; those workers count as gone (what the
+        host still runs when it comes back is stopped as a stray)."""
+        for group in list(self._groups.values()):
+            if group.state == "ending":
+                for worker in group.workers:
+                    if worker.host_id == host.id and not worker.forgotten:
+                        self._release(group, worker, forgotten=True)
+                self._finish_if_gone(group)
+            elif group.state == "running" and any(w.host_id == host.id for w in group.workers):
                 self._end_later(group, f"host {host.id} was lost")
 
     async def _stop_stray(self, host: HostRecord, worker_id: str) -> None:

@@ -206,11 +206,12 @@ class FleetClient:
             body["args_each"] = [list(each) for each in args_each]
         return self._call("POST", self._kernel_path("/workers"), body)
 
-    def workers(self, group_id: str | None = None) -> Any:
-        """This kernel's groups of tool workers (a list), or one group with its workers' log
-        tails."""
+    def workers(self, group_id: str | None = None, all_logs: bool = False) -> Any:
+        """This kernel's groups of tool workers (a list), or one group with the log tails of
+        its workers that exited (of all of them, fetched from their hosts, with `all_logs`)."""
         suffix = "" if group_id is None else f"/{quote(group_id, safe='')}"
-        return self._call("GET", self._kernel_path(f"/workers{suffix}"))
+        query = "?logs=all" if all_logs and group_id is not None else ""
+        return self._call("GET", self._kernel_path(f"/workers{suffix}{query}"))
 
     def stop_workers(self, group_id: str) -> dict[str, Any]:
         """End a group of tool workers (SIGTERM, grace, SIGKILL); returns it, ended."""

@@ -36,12 +36,14 @@ class ToolWorkersHandler(ToolWorkersBase):
 
 
 class ToolWorkerGroupHandler(ToolWorkersBase):
-    """``GET``: one group, with its workers' log tails; ``DELETE``: end it (200, its model)."""
+    """``GET``: one group, with the log tails of its workers that exited (of all of them with
+    ``?logs=all``); ``DELETE``: end it (200, its model)."""
 
     kernel_access = {"GET": _OWN, "DELETE": _OWN}
 
     async def get(self, kernel_id: str, group_id: str) -> None:
-        group = await self.workers.refresh_logs(self.workers.get(kernel_id, group_id))
+        group = self.workers.get(kernel_id, group_id)
+        await self.workers.refresh_logs(group, everyone=self.get_argument("logs", "") == "all")
         self.write_json(group.model())
 
     async def delete(self, kernel_id: str, group_id: str) -> None:

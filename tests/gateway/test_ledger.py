@@ -251,7 +251,7 @@ def test_bad_host_reports_are_refused() -> None:
         ledger.view("nope")
 
 
-def test_holds_for_tool_workers_are_exclusive_never_lent_and_end_with_the_kernel() -> None:
+def test_holds_for_tool_workers_are_exclusive_never_lent_and_outlive_the_kernel() -> None:
     ledger = ledger_with(h1=2, h2=3)
     ledger.subscribe("h1", "k", "r", 1)
     ledger.commit("h1", "k", "r", "c", 1)
@@ -284,8 +284,16 @@ def test_holds_for_tool_workers_are_exclusive_never_lent_and_end_with_the_kernel
     ledger.hold("h2", ["0"], "k", "g2")
     ledger.unsubscribe("j", "r")
     assert ledger.holds("g2") == {"h2": ("0",)}  # another kernel's replica went: kept
+    ledger.hold("h2", ["1", "2"], "k", "g2")
     ledger.remove_kernel("k")
-    assert ledger.holds("g2") == {}  # the kernel went: its workers' GPUs are free
+    # the kernel went, but its workers may still run: held until they are known gone
+    assert ledger.holds("g2") == {"h2": ("0", "1", "2")}
+    assert ledger.holdable("h2") == ()
+    ledger.check_invariants()
+    assert ledger.unhold("g2", "h1", ["0"]) == {}  # another host's: nothing
+    assert ledger.unhold("g2", "h2", ["2", "0"]) == {"h2": ("0", "2")}  # one worker's
+    assert ledger.holds("g2") == {"h2": ("1",)}
+    assert ledger.unhold("g2") == {"h2": ("1",)}
     ledger.check_invariants()
 
 
@@ -315,10 +323,6 @@ def test_holds_go_with_their_host_and_with_devices_it_stops_reporting() -> None:
         (
             lambda led: led._hosts["h1"].held.__setitem__("0", WorkerHold("k", "g")),
             "held for .* bound or lent too",
-        ),
-        (
-            lambda led: led._hosts["h1"].held.__setitem__("1", WorkerHold("x", "g")),
-            "whose kernel runs no replica",
         ),
     ],
 )

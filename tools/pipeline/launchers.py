@@ -13,7 +13,9 @@ differ:
 - `FleetWorkers`: tool workers the gateway starts for the kernel's running cell
   (``POST /api/fleet/kernels/{id}/workers``, with the kernel's own token), one GPU each, on
   the hosts it chooses; their states and log tails come from the gateway, and ending them
-  (``DELETE``) frees their GPUs. The gateway ends them too when the cell ends.
+  (``DELETE``) frees their GPUs. The gateway ends them too when the cell ends. The driver polls
+  the gateway less often while nothing changes (`next_poll_s`); the gateway asks the agents for
+  the log tails of exited workers only.
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ class Workers(Protocol):
 
     def close(self, graceful: bool) -> None:
         """End every worker: gracefully, they get a moment to leave first."""
+
+
+def next_poll_s(interval: float, changed: bool, least: float, most: float) -> float:
+    """The wait before the next poll of a state after one `interval` s long: back to `least`
+    when the last poll saw a change, else twice as long, up to `most`."""
+    return least if changed else min(most, max(least, interval * 2))
 
 
 def wait_exit(workers: Workers, rank: int, timeout: float) -> int | None:
@@ -124,10 +132,13 @@ class FleetWorkers:
     (`kernelfleet.client.FleetApiError`: too few GPUs free, say, with the counts) if the
     gateway does not start them."""
 
-    REFRESH_S = 0.25
-    """The group's state is asked of the gateway at most this often."""
+    REFRESH_MIN_S = 0.25
+    """The group's state is asked of the gateway at most this often ..."""
+    REFRESH_MAX_S = 1.0
+    """... and, while it does not change (`next_poll_s`), at least this often."""
     notice_s = 3.0
-    """An exit reaches the driver through its agent's report to the gateway, then a poll."""
+    """An exit reaches the driver through its agent's report to the gateway (sent at once),
+    then a poll (at most `REFRESH_MAX_S` later)."""
 
     def __init__(
         self, client: FleetClient, ranks: Sequence[int], host: str, port: int, token: str
@@ -144,7 +155,10 @@ class FleetWorkers:
             env={TOKEN_ENV: token},
         )
         self.closed = False
+        self.polls = 0
+        """How many times the group's state was asked of the gateway."""
         self._asked = time.monotonic()
+        self._poll_s = self.REFRESH_MIN_S
 
     @property
     def group_id(self) -> str:
@@ -157,7 +171,7 @@ class FleetWorkers:
         }
 
     def exit_code(self, rank: int) -> int | None:
-        worker = self._worker(rank, fresh_after=self.REFRESH_S)
+        worker = self._worker(rank, fresh_after=self._poll_s)
         if worker["state"] != "exited":
             return None
         code = worker["exit_code"]
@@ -189,8 +203,17 @@ class FleetWorkers:
 
     def _worker(self, rank: int, fresh_after: float) -> dict[str, Any]:
         if not self.closed and time.monotonic() - self._asked >= fresh_after:
-            self.group = self.client.workers(self.group_id)
-            self._asked = time.monotonic()
+            before, self.group = self.group, self.client.workers(self.group_id)
+            self._asked, self.polls = time.monotonic(), self.polls + 1
+            changed = _states(before) != _states(self.group)
+            self._poll_s = next_poll_s(
+                self._poll_s, changed, self.REFRESH_MIN_S, self.REFRESH_MAX_S
+            )
         index = self.ranks.index(rank)
         worker: dict[str, Any] = next(w for w in self.group["workers"] if w["index"] == index)
         return worker
+
+
+def _states(group: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """What a poll watches for: each worker's state and exit code."""
+    return [(w["index"], w["state"], w["exit_code"]) for w in group["workers"]]
