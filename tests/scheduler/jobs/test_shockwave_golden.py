@@ -33,6 +33,11 @@ DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "shockwa
 TRACE = DATA / "traces" / "120_0.2_5_100_40_25_0,0.5,0.5_0.6,0.3,0.09,0.01_multigpu_dynamic.trace"
 HOUR = 3600.0
 
+# Each module fixture replays the 120-job trace (45-55 s quiet; the Shockwave one solves a MILP
+# every round). pytest-timeout counts a fixture's setup in its first test, and on a 2-core host
+# loaded to 10 by other suites that passed the 120 s default.
+pytestmark = pytest.mark.timeout(360)
+
 
 def run(policy_name: str) -> JobsRunResult:
     for needed in (TRACE, DATA / "tacc_throughputs.json", DATA / "configurations"):
