@@ -111,7 +111,10 @@ def test_cell_stages_cover_the_whole_round_trip(tmp_path: Path) -> None:
         stages = path["stages_ms"]
         chain = [name for name in stages if "beside the chain" not in name]
         assert len(chain) == len(stages) - 1 >= 12, key
-        assert all(stages[name]["p50"] >= 0 for name in stages), key
+        # the idle status (iopub) may reach the client before the reply (shell): the last stage
+        # may be negative; every other stage is between stamps taken in order along one path
+        ordered = [name for name in stages if name != "reply -> idle status at client"]
+        assert all(stages[name]["p50"] >= 0 for name in ordered), key
         total = sum(stages[name]["mean"] for name in chain)
         assert total == pytest.approx(path["round_trip_ms"]["mean"], rel=1e-6), key
         assert len(path["raft"]["raft_leader"]) == 1, f"{key}: one Raft leader"
