@@ -693,15 +693,22 @@ def log_file() -> Any:
     return os.fdopen(os.dup(2), "w", buffering=1)
 
 
+LOGGED_TO_FILE = ("kernelfleet", "pysyncobj")
+"""Loggers whose records go to the replica's log file. pysyncobj's has no handler of its own, so
+without this its warnings would reach Python's last-resort handler, which writes to
+``sys.stderr``: in a kernel, ipykernel's capture of the running cell's output."""
+
+
 def log_to_process_stderr(level: str = "") -> None:
-    """Send kernelfleet's log records to the replica's log file (`log_file`), at `level` (a
-    `logging` level name; WARNING when empty)."""
+    """Send kernelfleet's and pysyncobj's log records to the replica's log file (`log_file`),
+    at `level` (a `logging` level name; WARNING when empty)."""
     handler = logging.StreamHandler(log_file())
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger = logging.getLogger("kernelfleet")
-    logger.addHandler(handler)
-    logger.propagate = False
-    logger.setLevel(level or logging.WARNING)
+    for name in LOGGED_TO_FILE:
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.propagate = False
+        logger.setLevel(level or logging.WARNING)
 
 
 def main() -> None:
