@@ -61,6 +61,7 @@ from kernelfleet.raft.entries import (
     encode,
 )
 from kernelfleet.raft.errors import BindFailed, FailReason, LogClosed, NotCommitted, NotReady
+from kernelfleet.raft.stale_appends import GuardedTCPTransport
 
 logger = logging.getLogger("kernelfleet.raft.log")
 
@@ -141,6 +142,9 @@ class KernelLog(SyncObj):
     raft port (`BindFailed` if it cannot) and returns at once; `wait_ready` waits for a leader.
     """
 
+    # pysyncobj's TCP transport, minus a follower's truncation of entries it acknowledged.
+    TRANSPORT = GuardedTCPTransport
+
     def __init__(
         self,
         self_address: str,
@@ -185,7 +189,9 @@ class KernelLog(SyncObj):
             on_ready=self._on_ready,
             on_state_changed=self._on_state_changed,
         )
-        super().__init__(self_address, others, conf=conf, consumers=[self._store])
+        super().__init__(
+            self_address, others, conf=conf, consumers=[self._store], transportClass=self.TRANSPORT
+        )
         try:
             self.waitBinded()
         except SyncObjException:
