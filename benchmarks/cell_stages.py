@@ -33,6 +33,7 @@ from typing import Any
 
 import nbformat
 
+from kernelfleet.stage_log import ENV as STAGE_LOG_ENV
 from kernelfleet.testing import Fleet, KernelWebsocket, percentile, start_fleet
 from kernelfleet.testing.replicas import replica_status
 
@@ -40,8 +41,6 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 import cell_roundtrip as rt  # noqa: E402
 import harness  # noqa: E402
-
-STAGE_LOG_ENV = "KERNELFLEET_STAGE_LOG"  # gateway/cells.py and kernels/replica/kernel.py read it
 
 # (from stamp, to stamp, stage): consecutive along a cell's critical path.
 STAGES = (

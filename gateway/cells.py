@@ -19,16 +19,15 @@ import contextlib
 import enum
 import json
 import logging
-import os
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TextIO
+from typing import Any, Protocol
 
 from kernelfleet.errors import FleetError, InvalidRequest
 from kernelfleet.gateway.framing import ClientMessage
 from kernelfleet.protocol import METADATA_KEY, CellKey, ErrorName, gpus_magic, options_of
+from kernelfleet.stage_log import StageLog
 from kernelfleet.states import Transitions, check_transition
 
 log = logging.getLogger("kernelfleet.gateway.cells")
@@ -39,23 +38,8 @@ IDLE. A replica sends the reply before the idle status, but on another socket: t
 arrive first, and an ``error`` reply must still stop the client's later cells."""
 
 
-STAGE_LOG_ENV = "KERNELFLEET_STAGE_LOG"
-"""Names a file to which the gateway appends a line per stage of each cell's path: off (unset)
-by default; benchmarks/cell_stages.py sets it to map where a cell's time goes."""
-
-
-def _open_stage_log() -> TextIO | None:
-    path = os.environ.get(STAGE_LOG_ENV)
-    return open(path, "a", buffering=1) if path else None  # kept open: a write per stamp
-
-
-_stage_log = _open_stage_log()
-
-
-def stage_stamp(cell_id: str, stage: str) -> None:
-    """Append ``<time.monotonic()> gateway <cell_id> <stage>`` to the stage log, if one is on."""
-    if _stage_log is not None:
-        _stage_log.write(f"{time.monotonic():.6f} gateway {cell_id} {stage}\n")
+stage_stamp = StageLog("gateway").stamp
+"""Stamp a stage of a cell's path in the stage log (`kernelfleet.stage_log`), if it is on."""
 
 
 class CellOutcome(enum.Enum):

@@ -511,8 +511,10 @@ class ClientLink:
         lead = _with_role(
             message.parts, Role.LEAD, executor, cell.attempt, assignment.devices, cell.excluded
         )
-        await self._send_to(executor, "shell", lead, message.buffers)
+        # Stamped as the LEAD is handed to zmq: after the send, the replica's own stamp of its
+        # arrival may come first (the send may yield to the loop), and a stage would go negative.
         stage_stamp(cell.id, "lead_sent")
+        await self._send_to(executor, "shell", lead, message.buffers)
         yielding = _with_role(message.parts, Role.YIELD, executor, cell.attempt, ())
         for replica_id in yielders:
             with contextlib.suppress(KeyError, zmq.ZMQError):

@@ -40,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import IPython
 from ipykernel.ipkernel import IPythonKernel
@@ -69,6 +69,7 @@ from kernelfleet.protocol import (
 )
 from kernelfleet.raft import KernelLog, NotCommitted, Proposal, StateDelta
 from kernelfleet.raft.entries import DeltaOrder
+from kernelfleet.stage_log import StageLog
 
 PUBLISH_DEADLINE = 10.0  # seconds to get a cell's delta committed (leader changes included)
 LEAD_DEADLINE = 5.0  # seconds to commit the LEAD proposal before refusing the cell
@@ -101,23 +102,8 @@ class _Group:
     """The main thread's loop: the log's callbacks and calls belong there."""
 
 
-STAGE_LOG_ENV = "KERNELFLEET_STAGE_LOG"
-"""As the gateway's (`kernelfleet.gateway.cells.STAGE_LOG_ENV`): a file to which the executor
-appends a line per stage of each cell it leads; off (unset) by default."""
-
-
-def _open_stage_log() -> TextIO | None:
-    path = os.environ.get(STAGE_LOG_ENV)
-    return open(path, "a", buffering=1) if path else None  # kept open: a write per stamp
-
-
-_stage_log = _open_stage_log()
-
-
-def stage_stamp(cell_id: str, stage: str) -> None:
-    """Append ``<time.monotonic()> replica <cell_id> <stage>`` to the stage log, if one is on."""
-    if _stage_log is not None:
-        _stage_log.write(f"{time.monotonic():.6f} replica {cell_id} {stage}\n")
+stage_stamp = StageLog("replica").stamp
+"""Stamp a stage of a cell's path in the stage log (`kernelfleet.stage_log`), if it is on."""
 
 
 def hold_port(address: str) -> socket.socket | None:
