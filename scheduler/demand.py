@@ -168,10 +168,11 @@ class DemandHistory:
         index = math.floor(now / self.step_s)
         if self._steps and index <= self._steps[-1].index:
             return self._steps[-1]
-        first = index - self.window if not self._steps else self._steps[-1].index + 1
-        for missed in range(max(first, index - self.window), index):
+        if self._steps:  # steps with no event: as last observed (unknown before any)
             busy, active = self._latest if self._latest is not None else (None, 0.0)
-            self._steps.append(_Step(missed, busy, active))
+            first = max(self._steps[-1].index + 1, index - self.window)
+            for missed in range(first, index):
+                self._steps.append(_Step(missed, busy, active))
         self._steps.append(_Step(index))
         return self._steps[-1]
 
