@@ -12,7 +12,7 @@ all of them. The baseline is the moving average of busy over the window, the sam
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from kernelfleet.scheduler.demand import Series, features, series
@@ -129,7 +129,7 @@ def train(
     )
     evaluation = evaluate(model, data, split)
     if evaluation is not None:
-        model = DemandModel(**{**model.__dict__, "quality": evaluation.__dict__})
+        model = replace(model, quality=asdict(evaluation))
     return model, evaluation
 
 

@@ -6,6 +6,7 @@ rule adding a host before the demand it predicts."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -108,7 +109,7 @@ def test_the_model_file_round_trips_and_predicts_as_the_forest(tmp_path: Path) -
     y = [data.busy[t] for t in range(10, len(data.busy))]
     forest = fit_forest(x, y, trees=5, seed=1)
     model, _ = train(daily_bursts(3), first_days=2, trees=5)
-    model = type(model)(**{**model.__dict__, "trees": export_trees(forest)})
+    model = replace(model, trees=export_trees(forest))
     model.save(tmp_path / "m.json")
     loaded = load_model(tmp_path / "m.json", gpus_per_host=8)
     assert loaded == model
