@@ -475,6 +475,8 @@ class GatewayApp(Application):
         sockets = tornado.netutil.bind_sockets(self.port, self.ip)
         self.port = sockets[0].getsockname()[1]
         provider = self._adopting_host_provider() if self.autoscale else None
+        if self.autoscale_demand_model and not self.autoscale:
+            log.warning("autoscale_demand_model is not used: the autoscaler runs with --autoscale")
         server.add_sockets(sockets)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
