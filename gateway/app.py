@@ -25,6 +25,7 @@ from traitlets.config import Application
 from kernelfleet import __version__
 from kernelfleet.errors import FleetError
 from kernelfleet.gateway.autoscaler import Autoscaler
+from kernelfleet.gateway.demand import LiveDemand
 from kernelfleet.gateway.events import EventBus
 from kernelfleet.gateway.gpu_settings import GpuSettingsService
 from kernelfleet.gateway.handlers import routes
@@ -44,6 +45,7 @@ from kernelfleet.kernels.objectstore import prepare_shared_root
 from kernelfleet.privileges import mark_non_dumpable
 from kernelfleet.runtime_file import GatewayRuntime, remove_runtime, write_runtime
 from kernelfleet.scheduler import AutoscaleConfig, StateSync, load_policy
+from kernelfleet.scheduler.demand_model import load_or_warn
 from kernelfleet.scheduler.policies import cluster_subscription_ratio
 from kernelfleet.scheduler.usage import UsageWindow
 from kernelfleet.web import log_request, new_token
@@ -195,6 +197,14 @@ class GatewayApp(Application):
         0.0,
         config=True,
         help="Release hosts only above the target under this headroom (0: autoscale_headroom).",
+    )
+    autoscale_demand_model = Unicode(
+        "",
+        config=True,
+        help="A demand model file ('kernelfleet demand train', docs/economics.md): the "
+        "autoscaler adds hosts for the busy GPUs it predicts. Missing, unreadable or trained "
+        "for hosts of another size than autoscale_gpus_per_host: a warning, and the reactive "
+        "rule.",
     )
     autoscale_scale_in_idle = Float(
         0.0, config=True, help="Seconds a host must hold no committed GPU before it is released."
@@ -465,6 +475,8 @@ class GatewayApp(Application):
         sockets = tornado.netutil.bind_sockets(self.port, self.ip)
         self.port = sockets[0].getsockname()[1]
         provider = self._adopting_host_provider() if self.autoscale else None
+        if self.autoscale_demand_model and not self.autoscale:
+            log.warning("autoscale_demand_model is not used: the autoscaler runs with --autoscale")
         server.add_sockets(sockets)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -567,9 +579,22 @@ class GatewayApp(Application):
             metrics=self.kernels.metrics,
             hosts=self.hosts,
             events=self.events,
+            demand=self._live_demand(provider.gpus_per_host),
         )
         self.kernels.grow_with(autoscaler, autoscaling.max_hosts)
         return autoscaler
+
+    def _live_demand(self, gpus_per_host: int) -> LiveDemand | None:
+        """The demand model the autoscaler follows, counting cells from now on; None (with a
+        warning naming why, from `load_or_warn`) when none is given or it cannot be used."""
+        if not self.autoscale_demand_model:
+            return None
+        model = load_or_warn(self.autoscale_demand_model, gpus_per_host, log)
+        if model is None:
+            return None
+        demand = LiveDemand(model, self.autoscale_demand_model, lambda: len(self.kernels.all()))
+        self.kernels.count_demand_with(demand)
+        return demand
 
     async def _autoscale(
         self, autoscaler: Autoscaler, stop: asyncio.Event, recovery: asyncio.Task[None]

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kernelfleet.errors import FleetError
+from kernelfleet.gateway.demand import LiveDemand
 from kernelfleet.gateway.event_schemas import EventType
 from kernelfleet.gateway.events import EventBus
 from kernelfleet.gateway.host_provider import HostProvider
@@ -82,6 +83,7 @@ class Autoscaler:
         metrics: FleetMetrics | None = None,
         hosts: HostRetirement,
         events: EventBus | None = None,
+        demand: LiveDemand | None = None,
     ) -> None:
         if patience < 1 or cooldown < 0 or min_hosts < 0 or max_hosts < 0:
             raise ValueError("patience must be >= 1; cooldown and host limits >= 0")
@@ -99,6 +101,7 @@ class Autoscaler:
         self._metrics = metrics
         self._hosts = hosts
         self._events = events or EventBus()
+        self.demand = demand
         self._lock = asyncio.Lock()
         self._last_action: float | None = None
         self._streak: tuple[type, int] = (Hold, 0)
@@ -109,11 +112,15 @@ class Autoscaler:
 
     def snapshot(self) -> FleetSnapshot:
         """The caller's snapshot, completed with what only the autoscaler knows: hosts it is
-        adding (pending), hosts it stopped (dead), the size of a new host, and its clock with
-        each host's age and idle time as these rounds saw them (`_dated`)."""
+        adding (pending), hosts it stopped (dead), the size of a new host, its clock with
+        each host's age and idle time as these rounds saw them (`_dated`), and with a demand
+        model its prediction (observing busy GPUs and kernels now)."""
         snapshot = self._snapshot()
         pending = self.pending({host.id for host in snapshot.hosts if host.alive})
         now = self._clock()
+        if self.demand is not None:
+            predicted = self.demand.predicted_gpus(snapshot.gpus_committed)
+            snapshot = dataclasses.replace(snapshot, predicted_gpus=predicted)
         return dataclasses.replace(
             snapshot,
             hosts=self._dated(snapshot.hosts, now),
@@ -150,6 +157,7 @@ class Autoscaler:
             "max_hosts": self.max_hosts,
             "gpus_per_host": self.provider.gpus_per_host,
             "hosts_started": list(self.provider.hosts()),
+            "demand_model": None if self.demand is None else self.demand.describe(),
             "last_round": None
             if last is None
             else {

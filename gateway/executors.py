@@ -29,6 +29,7 @@ from typing import Protocol
 
 from kernelfleet.errors import FleetError, GpusUnavailable, KernelDead, NoCapacity
 from kernelfleet.gateway.cells import Assignment, Cell
+from kernelfleet.gateway.demand import LiveDemand
 from kernelfleet.gateway.event_schemas import EventType
 from kernelfleet.gateway.events import EventBus, publish_binding
 from kernelfleet.gateway.ledger import Commitment, GpuLedger
@@ -114,6 +115,9 @@ class ExecutorChooser:
         """Cells waiting for GPUs, in arrival order (what "ahead of you" counts)."""
         self._jobs: JobPreemption | None = None
         self._preempting: set[asyncio.Task[None]] = set()
+        self.demand: LiveDemand | None = None
+        """Told of every cell submitted and every cell's GPUs released (the demand model's
+        live inputs), when the autoscaler has a demand model."""
 
     def preempt_jobs_with(self, jobs: JobPreemption) -> None:
         """From now on, a cell that takes devices lent to background jobs has `jobs` stop them
@@ -167,6 +171,8 @@ class ExecutorChooser:
                 f"{_gpus(kernel.gpus)}, held for its whole life; it cannot ask for {cell.gpus}"
             )
         cell.gpus_used = gpus
+        if self.demand is not None:
+            self.demand.cell_submitted(gpus)
         waiter: _Waiter | None = None
         try:
             while True:
@@ -261,6 +267,8 @@ class ExecutorChooser:
         """The cell ended: its devices are free (its replica's memory may stay, warm)."""
         released = self._ledger.release(kernel_id, cell_id=cell_id)
         if released:
+            if self.demand is not None:
+                self.demand.cell_ended(sum(len(binding.device_ids) for binding in released))
             self.released(released)
             self.capacity_changed()
 

@@ -41,6 +41,7 @@ from kernelfleet.errors import (
 from kernelfleet.gateway.admission import Admission
 from kernelfleet.gateway.background import Background
 from kernelfleet.gateway.channels import ClientLink, Deliver, OnClosed
+from kernelfleet.gateway.demand import LiveDemand
 from kernelfleet.gateway.event_schemas import EventType
 from kernelfleet.gateway.events import EventBus
 from kernelfleet.gateway.executors import ExecutorChooser, JobPreemption
@@ -131,6 +132,11 @@ class KernelService:
 
     def _ledger_breached(self, breach: str) -> None:
         self.metrics.ledger_breaches.inc()
+
+    def count_demand_with(self, demand: LiveDemand) -> None:
+        """From now on, tell `demand` (the autoscaler's model) of every cell submitted and
+        every cell's GPUs released."""
+        self._chooser.demand = demand
 
     def preempt_jobs_with(self, jobs: JobPreemption) -> None:
         """Cells first: a cell that takes GPUs lent to background jobs has `jobs` stop them."""

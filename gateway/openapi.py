@@ -157,6 +157,26 @@ _SCHEMAS: dict[str, Any] = {
                             "nullable": True,
                             "description": "The latest round that did not hold; null before one.",
                         },
+                        "demand_model": {
+                            **closed_object(
+                                {
+                                    "file": {"type": "string"},
+                                    "horizon_s": _SECONDS,
+                                    "step_s": _SECONDS,
+                                    "margin_gpus": {"type": "number", "minimum": 0},
+                                    "quantile": {"type": "number", "minimum": 0},
+                                    "trained": {
+                                        "type": "object",
+                                        "description": "The training span: trace, from_s, "
+                                        "until_s, steps.",
+                                    },
+                                    "predicted_gpus": {"type": "number", "nullable": True},
+                                }
+                            ),
+                            "nullable": True,
+                            "description": "The demand model the autoscaler follows "
+                            "(docs/economics.md); null when it follows demand as it is.",
+                        },
                     }
                 ),
                 "nullable": True,

@@ -23,6 +23,10 @@ class KernelfleetApp(Application):
             "Start the gateway (the Jupyter gateway API and the fleet admin API).",
         ),
         "simulate": ("kernelfleet.scheduler.simulator.app.SimulateApp", "Simulate a trace."),
+        "demand": (
+            "kernelfleet.scheduler.demand_app.DemandApp",
+            "The autoscaler's demand model ('train' writes one).",
+        ),
         "simulate-jobs": (
             "kernelfleet.scheduler.jobs.app.SimulateJobsApp",
             "Simulate a job trace.",

@@ -12,7 +12,11 @@ Every round, the GPUs wanted are ``committed GPUs (+ queued ones) * headroom + w
 
 The warm GPUs (`warm_gpus`) are the GPUs that the cells arriving within the provisioning lead
 time ``warm_lead_s`` need, at the quantile ``warm_quantile`` (0: none, NotebookOS's formula).
-With every new knob at its default the rule is NotebookOS's formula unchanged.
+With a demand model (``snapshot.predicted_gpus``, docs/economics.md) the GPUs wanted are at
+least the predicted busy GPUs times the headroom (the scale-in headroom for the scale-in
+target, so predictions have the same band as demand): capacity is added before the cells that
+need it arrive, and kept while the model expects them. With every new knob at its default and
+no model the rule is NotebookOS's formula unchanged.
 """
 
 from __future__ import annotations
@@ -92,6 +96,8 @@ def _hosts_for(snapshot: FleetSnapshot, config: AutoscaleConfig, headroom: float
         return config.min_hosts
     demand = snapshot.gpus_committed + (snapshot.gpus_waiting if config.count_waiting else 0)
     wanted = demand * headroom + warm_gpus(snapshot.arrivals, config)
+    if snapshot.predicted_gpus is not None:
+        wanted = max(wanted, snapshot.predicted_gpus * headroom)
     # round first: float noise (3 * 1.1 == 3.3000000000000003) must not add a host
     target = math.ceil(round(wanted / size, 9)) + config.buffer_hosts
     target = max(target, config.min_hosts)

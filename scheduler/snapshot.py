@@ -99,6 +99,9 @@ class FleetSnapshot:
     ``gpus_per_host`` is the size of a host the autoscaler would add; 0 when none will be added
     (then sizes are those of the alive hosts). ``arrivals``: the recent cell arrivals the
     caller counted (none by default: then the autoscaler keeps no warm capacity).
+    ``predicted_gpus``: the busy GPUs the caller's demand model expects within the provisioning
+    lead time, its margin included (`demand_model.Forecaster`); None (the default) when there is
+    no model, and the autoscaler follows demand as it is.
     """
 
     hosts: tuple[HostSnapshot, ...]
@@ -110,6 +113,7 @@ class FleetSnapshot:
     busy_gpus: float = 0.0
     gpus_waiting: int = 0
     arrivals: ArrivalStats = NO_ARRIVALS
+    predicted_gpus: float | None = None
     _index: dict[str, HostSnapshot] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )

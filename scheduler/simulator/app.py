@@ -22,6 +22,7 @@ from traitlets.config import Application
 
 from kernelfleet import __version__
 from kernelfleet.errors import InvalidRequest
+from kernelfleet.scheduler.demand_model import DemandModel, load_or_warn
 from kernelfleet.scheduler.simulator import simulate
 from kernelfleet.scheduler.simulator.config import EXPLANATIONS, SimulationConfig
 from kernelfleet.scheduler.simulator.plot import plot, require_matplotlib
@@ -79,6 +80,13 @@ class SimulateApp(Application):
         False, config=True, help="Skip (and count) bad trace rows instead of failing."
     )
     progress = Bool(True, config=True, help="Print a progress line on stderr.")
+    demand_model = Unicode(
+        "",
+        config=True,
+        help="A demand model file ('kernelfleet demand train'): the autoscaler adds hosts for "
+        "the busy GPUs it predicts. Missing, unreadable or trained for another gpus_per_host: "
+        "a warning, and the reactive rule.",
+    )
 
     hosts = _model_trait("hosts")
     gpus_per_host = _model_trait("gpus_per_host")
@@ -134,8 +142,14 @@ class SimulateApp(Application):
             + (f", {len(trace.skipped):,} bad rows skipped" if trace.skipped else "")
         )
         print(assumptions_text(config, policies))
+        model = None
+        if self.demand_model:
+            model = load_or_warn(self.demand_model, config.gpus_per_host, self.log)
+        print(_model_line(self.demand_model, model))
         started = time.monotonic()
-        results = simulate(trace, policies, config, self._progress_line(), reference=True)
+        results = simulate(
+            trace, policies, config, self._progress_line(), reference=True, demand_model=model
+        )
         elapsed = time.monotonic() - started
         if self.progress:
             print(file=sys.stderr)
@@ -169,3 +183,14 @@ class SimulateApp(Application):
                 sys.stderr.flush()
 
         return show
+
+
+def _model_line(path: str, model: DemandModel | None) -> str:
+    """What the run's autoscaler follows: the demand model, or demand as it is."""
+    if model is None:
+        return "Autoscaling: reactive" + (f" (demand model {path} not used)" if path else "")
+    return (
+        f"Autoscaling: demand model {path}, busy GPUs {model.horizon_s:g} s ahead + "
+        f"{model.margin_gpus:.1f} GPUs (quantile {model.quantile:g}), trained on "
+        f"{model.trained.get('trace', '?')} up to {model.trained.get('until_s', 0) / 60:g} min"
+    )

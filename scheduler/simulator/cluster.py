@@ -158,6 +158,7 @@ class Cluster:
         busy: float,
         waiting: int,
         arrivals: ArrivalStats = NO_ARRIVALS,
+        predicted: float | None = None,
     ) -> FleetSnapshot:
         """The fleet as policies see it; host snapshots are rebuilt only where changed."""
         if self._snapshot_hosts is None:
@@ -171,6 +172,7 @@ class Cluster:
             busy_gpus=busy,
             gpus_waiting=waiting,
             arrivals=arrivals,
+            predicted_gpus=predicted,
         )
 
     def _changed(self, host: SimHost | None) -> None:

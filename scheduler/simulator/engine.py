@@ -29,6 +29,7 @@ from kernelfleet.scheduler.decisions import (
     ScaleIn,
     ScaleOut,
 )
+from kernelfleet.scheduler.demand_model import DemandModel, Forecaster
 from kernelfleet.scheduler.policies import AutoscalingPolicy, migration_target
 from kernelfleet.scheduler.policy import (
     ExecuteRequest,
@@ -83,7 +84,9 @@ class _Waiting:
 
 
 class Simulation:
-    """One policy over one trace. `run` once; it returns the `PolicyResult`."""
+    """One policy over one trace. `run` once; it returns the `PolicyResult`. With a
+    `demand_model`, an autoscaling policy is given its prediction (`Forecaster`, fed with the
+    simulated cells' submits and ends, busy GPUs and kernels alive) in every snapshot."""
 
     def __init__(
         self,
@@ -91,6 +94,7 @@ class Simulation:
         trace: Trace,
         config: SimulationConfig,
         progress: Progress | None = None,
+        demand_model: DemandModel | None = None,
     ) -> None:
         self.policy = policy
         self.config = config
@@ -120,6 +124,10 @@ class Simulation:
             scaling.scale_in_idle_s or scaling.min_host_lifetime_s or scaling.warm_quantile
         )
         self._counts_arrivals = scaling is not None and scaling.warm_quantile > 0
+        self._forecaster = (
+            Forecaster(demand_model) if scaling is not None and demand_model is not None else None
+        )
+        self._rule_reads_clock = self._rule_reads_clock or self._forecaster is not None
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -219,6 +227,8 @@ class Simulation:
         since = min(self.now, session.next_submit)
         if self._counts_arrivals:
             self._arrivals.add(self.now, session.kernel.gpus)
+        if self._forecaster is not None:
+            self._forecaster.arrival(self.now, session.kernel.gpus)
         if not self._try_cell(session, index, since, self._waiting):
             self._waiting.append(_Waiting(session, index, since))
 
@@ -289,6 +299,8 @@ class Simulation:
         if self.policy.binding is GpuBinding.PER_CELL and kernel.executor_host is not None:
             self.cluster.release(kernel.executor_host, kernel.gpus)
         self.busy.set(self.now, self.busy.value - kernel.gpus)
+        if self._forecaster is not None:
+            self._forecaster.end(self.now, kernel.gpus)
         self._next_cell(session, index, self.now)
         self._retry_waiting()
 
@@ -339,6 +351,8 @@ class Simulation:
         subscribed = sum(host.subscribed for host in self.cluster.hosts.values())
         self._window.add(float(subscribed), self.busy.value)
         self._ratio_inputs = (self._window.demand, self._window.busy)
+        if self._forecaster is not None:
+            self._forecaster.observe(self.now, self.busy.value, len(self.cluster.kernels))
         if self._rule_reads_clock or self.cluster.version != self._quiet_version or self._waiting:
             decision = self.policy.autoscale(self._snapshot())
             if isinstance(decision, ScaleOut):
@@ -373,7 +387,9 @@ class Simulation:
         waiting = sum(item.session.kernel.gpus for item in self._waiting)
         demand, busy = self._ratio_inputs
         arrivals = self._arrivals.stats(self.now) if self._counts_arrivals else NO_ARRIVALS
-        return self.cluster.snapshot(self.now, demand, busy, waiting, arrivals)
+        forecaster = self._forecaster
+        predicted = None if forecaster is None else forecaster.predicted_gpus()
+        return self.cluster.snapshot(self.now, demand, busy, waiting, arrivals, predicted)
 
     def _set_gauges(self) -> None:
         alive = len(self.cluster.hosts)

@@ -187,3 +187,60 @@ def test_the_floor_share_and_steady_knobs_reach_the_output(
     assert result["saving_share"] is not None
     scaling = document["assumptions"]["per_policy"]["notebookos"]["autoscaling"]
     assert (scaling["scale_in_idle_s"], scaling["warm_lead_s"]) == (600.0, 90.0)
+
+
+def test_a_trained_demand_model_warms_hosts_before_the_daily_burst(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # every day at 09:00 eight 8-GPU cells start together for 3 h: under the reactive rule five
+    # of them wait for hosts each day; the model, trained on the first 7 days, has the hosts
+    # up before 09:00 on the two days after
+    pytest.importorskip("sklearn")
+    from kernelfleet.scheduler.demand_app import DemandTrainApp
+
+    bursts = tmp_path / "bursts.csv"
+    rows = [
+        f"{i},8,{day * 1440 + 540},0,m,180,0"
+        for i, day in enumerate(d for d in range(9) for _ in range(8))
+    ]
+    bursts.write_text(HEADER + "\n".join(rows) + "\n", encoding="utf-8")
+    model = tmp_path / "model.json"
+    train = DemandTrainApp()
+    train.initialize(["--trace", str(bursts), "--out", str(model), "--DemandTrainApp.trees=10"])
+    train.start()
+    assert "forest MAE" in capsys.readouterr().out
+    delays = {}
+    for name, extra in (("reactive", []), ("model", [f"--SimulateApp.demand_model={model}"])):
+        out = tmp_path / f"{name}.json"
+        run_app("--trace", str(bursts), "--policy", "packing", "--json", str(out),
+                "--SimulateApp.progress=False", *extra)  # fmt: skip
+        delays[name] = json.loads(out.read_text())["policies"]["packing"]["start_delay_s"]
+    assert f"Autoscaling: demand model {model}, busy GPUs 600 s ahead" in capsys.readouterr().out
+    assert delays["reactive"]["p95"] >= 60
+    assert delays["model"]["p95"] < delays["reactive"]["p95"]
+
+
+def test_a_demand_model_it_cannot_use_leaves_the_reactive_rule(
+    small_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corrupt = tmp_path / "model.json"
+    corrupt.write_text("{", encoding="utf-8")
+    run_app("--trace", str(small_trace), "--policy", "packing", "--SimulateApp.progress=False",
+            f"--SimulateApp.demand_model={corrupt}")  # fmt: skip
+    captured = capsys.readouterr()
+    assert f"Autoscaling: reactive (demand model {corrupt} not used)" in captured.out
+    assert "not a JSON demand model" in captured.err
+
+
+def test_training_on_a_trace_too_short_says_so(
+    small_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernelfleet.scheduler.demand_app import DemandTrainApp
+
+    app = DemandTrainApp()
+    app.initialize(["--trace", str(small_trace), "--out", str(tmp_path / "m.json")])
+    with pytest.raises(SystemExit) as exited:
+        app.start()
+    assert exited.value.code == 2
+    assert "too short to train on: 51 steps of 60 s" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
