@@ -14,7 +14,7 @@ from kernelfleet.scheduler.simulator.app import SimulateApp
 from kernelfleet.scheduler.simulator.config import SimulationConfig
 from kernelfleet.scheduler.simulator.report import resolve_policy
 
-from .conftest import FLOOR_FIELDS, POLICY_FIELDS
+from .conftest import FLOOR_FIELDS, HOST_KIND_FIELDS, POLICY_FIELDS
 
 HEADER = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
 
@@ -69,7 +69,7 @@ def test_simulate_writes_exactly_the_documented_json(
         )
         assert assumed["autoscaling"]["min_hosts"] == 4
     for result in document["policies"].values():
-        assert set(result) == POLICY_FIELDS | FLOOR_FIELDS
+        assert set(result) == POLICY_FIELDS | FLOOR_FIELDS | HOST_KIND_FIELDS
         assert set(result["start_delay_s"]) == {"p50", "p95", "p99"}
         assert result["events"] == 4
     printed = capsys.readouterr().out
