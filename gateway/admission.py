@@ -137,7 +137,9 @@ class Admission:
         of its other replicas); `NoCapacity` if none will do."""
         whole = self._fleet.snapshot()
         spot = spot_replicas_allowed(kernel.replicas_wanted, self._policy.max_spot_replicas)
-        barred = spot_hosts_barred(whole, sorted(avoiding), None, spot)
+        # of the kernel's other places (all but this one), those with no replica count too
+        others = kernel.replicas_wanted - 1
+        barred = spot_hosts_barred(whole, sorted(avoiding), None, spot, wanted=others)
         request = PlacementRequest(kernel.id, gpus=kernel.gpus, spot_places=0 if barred else 1)
         snapshot = self._fleet.snapshot_without(avoiding)
         if not snapshot.alive_hosts() and self._fleet.snapshot().alive_hosts():

@@ -119,9 +119,10 @@ def check_kind(kind: Any, field: str = "kind") -> str:
 
 def spot_replicas_allowed(replicas: int, override: int | None = None) -> int:
     """How many of a kernel's `replicas` may sit on spot hosts: fewer than a majority,
-    ``(replicas - 1) // 2`` (one of 3, none of 1); `override`, when given, instead."""
+    ``(replicas - 1) // 2`` (one of 3, none of 1); `override`, when given, instead, but never
+    all of them (a single replica never goes on spot)."""
     if override is not None:
-        return override
+        return max(0, min(override, replicas - 1))
     return max(0, (replicas - 1) // 2)
 
 
@@ -149,17 +150,20 @@ def spot_hosts_barred(
     leaving: str | None,
     spot_allowed: int,
     catching_up: Sequence[str] = (),
+    wanted: int = 0,
 ) -> set[str]:
     """The spot hosts a replica of a kernel whose replicas are on `replica_hosts` may not move
     or be added to: all of them when the kernel's replicas that stay (all but `leaving`, the one
     moving or lost, if any) already use its `spot_allowed` places off the safe majority; none
     otherwise. A replica still `catching_up` takes such a place wherever it is: until it is a
     live member it is no part of the majority that a revocation must leave (listed among
-    `replica_hosts` or not)."""
+    `replica_hosts` or not); so does each replica missing from the `wanted` ones (lost, with
+    no replacement yet)."""
     staying = [host_id for host_id in replica_hosts if host_id != leaving]
     unsafe = {host_id for host_id in staying if kind_of(snapshot, host_id) == SPOT}
     unsafe.update(host_id for host_id in catching_up if host_id != leaving)
-    if len(unsafe) < spot_allowed:
+    missing = max(0, wanted - len({*replica_hosts, *catching_up}))
+    if len(unsafe) + missing < spot_allowed:
         return set()
     return {host.id for host in snapshot.hosts if host.kind == SPOT}
 

@@ -139,7 +139,9 @@ class NotebookOSPolicy(AutoscalingPolicy):
             return RunOn(self.pick_executor(able, kernel, request.gpus).id)
         source = _migration_source(replicas, kernel.replica_hosts, kernel.executor_host)
         spot = spot_replicas_allowed(self.replicas, self.max_spot_replicas)
-        barred = spot_hosts_barred(snapshot, kernel.replica_hosts, source, spot, kernel.catching_up)
+        barred = spot_hosts_barred(
+            snapshot, kernel.replica_hosts, source, spot, kernel.catching_up, self.replicas
+        )
         exclude = (*kernel.replica_hosts, *sorted(barred))
         target = self.migration_target_for(snapshot, request.gpus, exclude)
         if target is not None:

@@ -426,7 +426,7 @@ class Simulation:
         """Replace `kernel`'s replica on revoked `host_id` on another host (within the spot
         limit), counting the kernel lost if its live replicas are no longer a majority. The
         replacement starts at the notice and takes ``migration_cost_s``. A kernel left with
-        no replica at all (one replica: the reservation way) starts again from scratch."""
+        no replica at all (every replacement of its replicas found no host) starts again."""
         now = self.now
         kernel.replacing = {h: until for h, until in kernel.replacing.items() if until > now}
         kernel.replacing.pop(host_id, None)
@@ -440,7 +440,12 @@ class Simulation:
             gpus = kernel.gpus
         snapshot = self._snapshot()
         barred = spot_hosts_barred(
-            snapshot, kernel.replica_hosts, host_id, self._spot_allowed, kernel.catching_up(now)
+            snapshot,
+            kernel.replica_hosts,
+            host_id,
+            self._spot_allowed,
+            kernel.catching_up(now),
+            self.policy.replicas,
         )
         target = migration_target(snapshot, gpus, {*kernel.replica_hosts, *barred})
         if target is None:
@@ -459,13 +464,20 @@ class Simulation:
             self._restart(kernel)
 
     def _restart(self, kernel: SimKernel) -> None:
-        """`kernel` has no replica left: it is admitted again, its next cell after."""
-        session = self.sessions[int(kernel.id[1:])]
-        self._waiting = [item for item in self._waiting if item.session is not session]
-        self.cluster.remove_kernel(kernel.id)
+        """`kernel` has no replica left (every replacement found no host): it is placed
+        again at once, its state lost; where the policy finds no place now (it asks for hosts)
+        it stays without replicas, and its cells until it has some are rejected (counted)."""
         kernel.executor_host = None
-        session.move(SessionState.RECLAIMED)
-        self._at(self.now, Event.SESSION_START, session.trace.id)
+        request = PlacementRequest(kernel.id, replicas=self.policy.replicas, gpus=kernel.gpus)
+        decision = self.policy.admit(self._snapshot(), request)
+        if isinstance(decision, Placement):
+            for host_id in decision.host_ids:
+                self.cluster.add_replica(kernel, host_id)
+            if self.policy.binding is GpuBinding.PER_SESSION and decision.host_ids:
+                kernel.reserved_host = kernel.executor_host = decision.host_ids[0]
+                self.cluster.commit(kernel.reserved_host, kernel.gpus)
+        elif isinstance(decision, ScaleOut):
+            self._provision(decision.hosts, decision.kind)
 
     def _tick(self) -> None:
         subscribed = sum(host.subscribed for host in self.cluster.hosts.values())
@@ -496,6 +508,7 @@ class Simulation:
                     host_id,
                     self._spot_allowed,
                     kernel.catching_up(self.now),
+                    self.policy.replicas,
                 )
                 exclude = {*kernel.replica_hosts, *host_ids, *barred}
                 target = migration_target(snapshot, 0, exclude)

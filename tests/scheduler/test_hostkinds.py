@@ -68,6 +68,7 @@ def test_the_defaults_are_the_cited_figures_and_prices_follow_the_kind() -> None
 def test_fewer_than_a_majority_of_replicas_may_be_on_spot() -> None:
     assert [spot_replicas_allowed(r) for r in (0, 1, 2, 3, 4, 5)] == [0, 0, 0, 1, 1, 2]
     assert spot_replicas_allowed(3, override=2) == 2
+    assert spot_replicas_allowed(1, override=2) == 0, "never every replica"
 
 
 def test_the_autoscaler_adds_spot_hosts_only_within_the_share() -> None:
@@ -143,3 +144,18 @@ def test_a_migration_never_brings_a_second_replica_onto_spot() -> None:
     snapshot = FleetSnapshot(hosts=(*full, HostSnapshot("h5", 4, gpus_committed=4)))
     decision = NotebookOSPolicy().choose_executor(snapshot, ExecuteRequest(kernel, 2))
     assert decision == Migrate(from_host="h1", to_host="h4")
+
+
+def test_a_kernel_short_of_a_replica_gets_no_spot_replica() -> None:
+    # a kernel of 3 replicas running on 2 (h2, h3) after a lost replica found no host: moving
+    # h3's replica onto spot would leave one on-demand replica, and a revocation the kernel
+    hosts = (
+        HostSnapshot("h2", 4, gpus_committed=4, replicas=1),
+        HostSnapshot("h3", 4, gpus_committed=4, replicas=1),
+        HostSnapshot("h4", 4, kind=SPOT),
+        HostSnapshot("h5", 4, gpus_committed=2),
+    )
+    snapshot = FleetSnapshot(hosts=hosts, gpus_per_host=4)
+    kernel = KernelSnapshot("k", 2, ("h2", "h3"), executor_host="h2")
+    decision = NotebookOSPolicy().choose_executor(snapshot, ExecuteRequest(kernel, 2))
+    assert decision == Migrate(from_host="h3", to_host="h5")
