@@ -187,3 +187,42 @@ def test_the_floor_share_and_steady_knobs_reach_the_output(
     assert result["saving_share"] is not None
     scaling = document["assumptions"]["per_policy"]["notebookos"]["autoscaling"]
     assert (scaling["scale_in_idle_s"], scaling["warm_lead_s"]) == (600.0, 90.0)
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        ("--SimulateApp.spot_price=-1", "host kind parameter spot_price must be >= 0, not -1.0"),
+        (
+            "--SimulateApp.revocation_rate_per_hour=1e9",
+            "host kind parameter revocation_rate_per_hour is 1000000000.0: above 60",
+        ),
+        ("--SimulateApp.on_demand_price=nan", "on_demand_price must be >= 0, not nan"),
+    ],
+)
+def test_absurd_prices_and_rates_exit_2_naming_the_field(
+    small_trace: Path, capsys: pytest.CaptureFixture[str], option: str, says: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run_app("--trace", str(small_trace), option)
+    assert exited.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_a_mixed_fleet_prints_dollars_and_revocations(
+    small_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out.json"
+    run_app(
+        "--trace", str(small_trace), "--policy", "packing", "--SimulateApp.spot_share=0.5",
+        "--SimulateApp.progress=False", "--json", str(out),
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "dollars" in printed
+    assert "kernels lost" in printed
+    document = json.loads(out.read_text(encoding="utf-8"))
+    assert document["assumptions"]["spot_share"] == 0.5
+    assert document["assumptions"]["spot_replicas_max"] == -1
+    packing = document["policies"]["packing"]
+    assert packing["dollars"] > 0
+    assert packing["kernels_lost"] == 0
