@@ -117,9 +117,10 @@ class NotebookOSPolicy(AutoscalingPolicy):
                 f"on-demand), and {len(fitting) - spot_hosts} large enough host(s) are on-demand"
             )
         if snapshot.gpus_per_host > 0 and missing > 0:
+            # every host missing must be on-demand when that is all the majority lacks
             on_demand = sum(1 for host in accepting if host.kind != SPOT)
-            short_of_on_demand = on_demand < request.replicas - spot
-            return ScaleOut(missing, ON_DEMAND if short_of_on_demand else None)
+            needed = request.replicas - spot - on_demand
+            return ScaleOut(missing, ON_DEMAND if needed >= missing else None)
         reason = QueueReason.SUBSCRIPTION_FULL if fitting else QueueReason.WAITING_FOR_HOSTS
         return Queue(reason, detail)
 

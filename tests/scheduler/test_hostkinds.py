@@ -8,6 +8,7 @@ import math
 import pytest
 
 from kernelfleet.errors import InvalidRequest
+from kernelfleet.scheduler.decisions import ScaleOut
 from kernelfleet.scheduler.hostkinds import (
     ON_DEMAND,
     SPOT,
@@ -159,3 +160,13 @@ def test_a_kernel_short_of_a_replica_gets_no_spot_replica() -> None:
     kernel = KernelSnapshot("k", 2, ("h2", "h3"), executor_host="h2")
     decision = NotebookOSPolicy().choose_executor(snapshot, ExecuteRequest(kernel, 2))
     assert decision == Migrate(from_host="h3", to_host="h5")
+
+
+def test_admission_asks_for_on_demand_hosts_when_only_they_would_do() -> None:
+    request = PlacementRequest("k", replicas=3, gpus=1)
+    # 1 on-demand and 2 spot hosts: the one missing host must be on-demand
+    decision = NotebookOSPolicy().admit(fleet(ON_DEMAND, SPOT, SPOT), request)
+    assert decision == ScaleOut(1, ON_DEMAND)
+    # 1 on-demand host: of the 2 missing, one may be spot: the autoscaler chooses
+    decision = NotebookOSPolicy().admit(fleet(ON_DEMAND), request)
+    assert decision == ScaleOut(2, None)
