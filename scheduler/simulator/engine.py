@@ -110,7 +110,7 @@ class Simulation:
         self.policy = policy
         self.config = config
         self.market = config.market()
-        if config.spot_replicas_override is not None:
+        if config.spot_replicas_override is not None:  # the config's looser rule, if any
             policy.max_spot_replicas = config.spot_replicas_override
         self._spot_allowed = spot_replicas_allowed(policy.replicas, policy.max_spot_replicas)
         self._revocations = random.Random(config.revocation_seed)
@@ -405,9 +405,7 @@ class Simulation:
             self._replace(self.cluster.kernels[kernel_id], host_id)
         self.cluster.remove_host(host_id)
         for sid, index in cut.items():
-            session = self.sessions[sid]
-            if session.state is SessionState.ACTIVE:  # else restarted: admission reruns it
-                self._waiting.append(_Waiting(session, index, self.now))
+            self._waiting.append(_Waiting(self.sessions[sid], index, self.now))
         self._retry_waiting()
 
     def _cut(self, sid: int) -> None:
