@@ -37,7 +37,8 @@ V100_PREEMPTIBLE_PRICE = 0.74
 """$/GPU-hour of a preemptible V100 on Google Cloud, same list and period."""
 PREEMPTIBLE_RATE_PER_HOUR = 1 / 24
 """Revocations per spot host-hour: Google Cloud stops every preemptible VM within 24 hours, so
-its mean lifetime is at most 24 h; the memoryless rate with that mean (a simplification:
+its mean lifetime is at most 24 h; the memoryless rate with that mean, the fewest revocations
+consistent with it (a simplification:
 Kadupitiya et al., 2019, measured a bathtub-shaped hazard, not a constant one)."""
 PREEMPTIBLE_NOTICE_S = 30.0
 """Google Cloud's preemption notice: an ACPI soft-off 30 s before the VM stops."""
