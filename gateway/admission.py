@@ -27,6 +27,7 @@ from kernelfleet.scheduler import (
     Reject,
 )
 from kernelfleet.scheduler.decisions import AdmitDecision
+from kernelfleet.scheduler.hostkinds import spot_hosts_barred, spot_replicas_allowed
 
 log = logging.getLogger("kernelfleet.gateway.kernels")
 
@@ -134,7 +135,12 @@ class Admission:
     def place_replica(self, kernel: KernelRecord, avoiding: set[str]) -> str:
         """The host for one new replica of `kernel`, among those not in `avoiding` (the hosts
         of its other replicas); `NoCapacity` if none will do."""
-        request = PlacementRequest(kernel.id, gpus=kernel.gpus)
+        whole = self._fleet.snapshot()
+        spot = spot_replicas_allowed(kernel.replicas_wanted, self._policy.max_spot_replicas)
+        # of the kernel's other places (all but this one), those with no replica count too
+        others = kernel.replicas_wanted - 1
+        barred = spot_hosts_barred(whole, sorted(avoiding), None, spot, wanted=others)
+        request = PlacementRequest(kernel.id, gpus=kernel.gpus, spot_places=0 if barred else 1)
         snapshot = self._fleet.snapshot_without(avoiding)
         if not snapshot.alive_hosts() and self._fleet.snapshot().alive_hosts():
             raise NoCapacity(

@@ -19,7 +19,7 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 from jupyter_events import EventLogger
-from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Application
 
 from kernelfleet import __version__
@@ -46,6 +46,7 @@ from kernelfleet.privileges import mark_non_dumpable
 from kernelfleet.runtime_file import GatewayRuntime, remove_runtime, write_runtime
 from kernelfleet.scheduler import AutoscaleConfig, StateSync, load_policy
 from kernelfleet.scheduler.demand_model import load_or_warn
+from kernelfleet.scheduler.hostkinds import HOST_KINDS, ON_DEMAND
 from kernelfleet.scheduler.policies import cluster_subscription_ratio
 from kernelfleet.scheduler.usage import UsageWindow
 from kernelfleet.web import log_request, new_token
@@ -182,6 +183,13 @@ class GatewayApp(Application):
     )
     max_hosts = Int(8, config=True, help="Most hosts the autoscaler grows to (0: no limit).")
     autoscale_gpus_per_host = Int(1, config=True, help="Virtual GPUs of each host it adds.")
+    autoscale_host_kind = Enum(
+        list(HOST_KINDS),
+        ON_DEMAND,
+        config=True,
+        help="The kind of the hosts it adds: 'on-demand', or 'spot' (revocable). Kernels keep "
+        "a majority of their replicas on on-demand hosts (docs/economics.md, 'Transient hosts').",
+    )
     autoscale_interval = Float(5.0, config=True, help="Seconds between autoscaling rounds.")
     autoscale_patience = Int(
         3, config=True, help="Rounds in a row the policy must ask for a change before it is made."
@@ -541,6 +549,7 @@ class GatewayApp(Application):
             Path(self.state_dir, "autoscaled"),
             gpus_per_host=self.autoscale_gpus_per_host,
             max_hosts=self.max_hosts,
+            kind=self.autoscale_host_kind,
         )
 
     def _adopting_host_provider(self) -> LocalProcessHostProvider:

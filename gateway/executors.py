@@ -35,7 +35,7 @@ from kernelfleet.gateway.events import EventBus, publish_binding
 from kernelfleet.gateway.ledger import Commitment, GpuLedger
 from kernelfleet.gateway.ledger_records import Binding
 from kernelfleet.gateway.metrics import FleetMetrics
-from kernelfleet.gateway.records import KernelRecord, ReplicaRecord
+from kernelfleet.gateway.records import KernelRecord, ReplicaRecord, ReplicaState
 from kernelfleet.scheduler import FleetSnapshot, GpuBinding, Policy
 from kernelfleet.scheduler.decisions import Migrate, Reject, RunOn, ScaleOut
 from kernelfleet.scheduler.policy import ExecuteRequest
@@ -307,11 +307,13 @@ class ExecutorChooser:
     @staticmethod
     def _request(kernel: KernelRecord, replicas: list[ReplicaRecord], gpus: int) -> ExecuteRequest:
         executor = next((r for r in replicas if r.id == kernel.executor), None)
+        catching_up = (r.host_id for r in kernel.replicas if r.state is ReplicaState.CATCHING_UP)
         snapshot = KernelSnapshot(
             kernel.id,
             gpus,
             tuple(r.host_id for r in replicas),
             executor.host_id if executor else None,
+            tuple(catching_up),
         )
         return ExecuteRequest(snapshot, gpus)
 

@@ -8,6 +8,7 @@ window, and, once the autoscaler runs, the hosts on their way and the size of on
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 from kernelfleet.gateway.hosts import HostRegistry
@@ -64,9 +65,11 @@ class FleetView:
         registered = self._hosts.all()
         in_ledger = set(self._ledger.hosts())
         hosts = [
-            self._ledger.host_snapshot(host.id, host.takes_work)
+            replace(self._ledger.host_snapshot(host.id, host.takes_work), kind=host.kind)
             if host.id in in_ledger
-            else HostSnapshot(id=host.id, gpus_total=len(host.gpus), alive=host.takes_work)
+            else HostSnapshot(
+                id=host.id, gpus_total=len(host.gpus), alive=host.takes_work, kind=host.kind
+            )
             for host in registered
         ]
         pending, addable = 0, 0

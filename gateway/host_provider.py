@@ -34,6 +34,7 @@ from kernelfleet.gateway.store import (
     write_json_atomically,
 )
 from kernelfleet.runtime_file import AgentRuntime, pid_alive, read_runtime
+from kernelfleet.scheduler.hostkinds import ON_DEMAND, check_kind
 
 log = logging.getLogger("kernelfleet.gateway.hosts.provider")
 
@@ -89,6 +90,9 @@ class LocalProcessHostProvider(HostProvider):
     start and stop), so that a gateway restarted after a crash still knows which hosts it
     started and may stop: `adopt` takes back those still running (an agent runs in a session
     of its own and outlives the gateway).
+
+    ``kind``: the kind of every host it starts (``on-demand`` or ``spot``, told to each agent
+    as ``--kind``); `InvalidRequest` naming it for any other.
     """
 
     def __init__(
@@ -103,7 +107,9 @@ class LocalProcessHostProvider(HostProvider):
         start_timeout: float = 30.0,
         stop_timeout: float = 5.0,
         extra_args: Sequence[str] = (),
+        kind: str = ON_DEMAND,
     ) -> None:
+        self.kind = check_kind(kind, "the host provider's kind")
         self.gateway_url = gateway_url
         self.state_dir = Path(state_dir)
         self.gpus_per_host = gpus_per_host
@@ -174,6 +180,8 @@ class LocalProcessHostProvider(HostProvider):
             host_id,
             self.gpus_per_host,
             self.state_dir / host_id,
+            "--kind",
+            self.kind,
             *self.extra_args,
         )
         process = spawn_kernelfleet(args, log_path, self._token)

@@ -34,6 +34,7 @@ from kernelfleet.gateway.event_schemas import EventType
 from kernelfleet.gateway.events import EventBus
 from kernelfleet.gateway.gpu_speeds import checked_gpus
 from kernelfleet.kernels.agent.client import HostAgentClient
+from kernelfleet.scheduler.hostkinds import ON_DEMAND, check_kind
 from kernelfleet.states import Transitions, check_transition
 
 log = logging.getLogger("kernelfleet.gateway.hosts")
@@ -84,6 +85,8 @@ class HostRecord:
     last_seen: float = 0.0
     gpu_type: str = "none"
     """The type its GPUs are, as its agent advertises it (job schedulers group GPUs by it)."""
+    kind: str = ON_DEMAND
+    """``on-demand`` or ``spot`` (revocable), as its agent says (`scheduler.hostkinds`)."""
     jobs: list[dict[str, Any]] = field(default_factory=list)
     """The background job processes its agent runs or saw exit (`kernels.agent.jobs`)."""
     workers: list[dict[str, Any]] = field(default_factory=list)
@@ -206,6 +209,7 @@ class HostRegistry:
         gpu_type, jobs = body.get("gpu_type", "none"), body.get("jobs", [])
         if not isinstance(gpu_type, str) or not gpu_type or not isinstance(jobs, list):
             raise InvalidRequest("'gpu_type' must be a non-empty string and 'jobs' a list")
+        kind = check_kind(body.get("kind", ON_DEMAND), "a host report's 'kind'")
         workers = body.get("workers", [])
         if not isinstance(workers, list):
             raise InvalidRequest("'workers' must be a list")
@@ -234,6 +238,7 @@ class HostRegistry:
             )
         host.gpus, host.replicas, host.instance, host.last_seen = gpus, replicas, instance, now
         host.isolation, host.gpu_type, host.jobs = isolation, gpu_type, jobs
+        host.kind = kind
         host.workers = [worker for worker in workers if isinstance(worker, dict)]
         changed = body.get("gpu_settings", [])
         host.gpu_settings = (

@@ -189,6 +189,12 @@ _SCHEMAS: dict[str, Any] = {
             "id": {"type": "string"},
             "address": {"type": "string", "description": "The host agent's http(s) URL."},
             "state": {"type": "string", "enum": ["alive", "lost"]},
+            "kind": {
+                "type": "string",
+                "enum": ["on-demand", "spot"],
+                "description": "spot: revocable; a majority of every kernel's replicas stays "
+                "on on-demand hosts.",
+            },
             "gpus": closed_object(
                 {
                     "total": INT,
@@ -247,6 +253,11 @@ _SCHEMAS: dict[str, Any] = {
                 "replicas": {"type": "array", "items": {"type": "object"}},
                 "isolation": {**_ISOLATION, "nullable": True},
                 "gpu_type": {"type": "string", "minLength": 1},
+                "kind": {
+                    "type": "string",
+                    "enum": ["on-demand", "spot"],
+                    "description": "spot: revocable (docs/economics.md, 'Transient hosts').",
+                },
                 "jobs": {"type": "array", "items": {"type": "object"}},
                 "workers": {
                     "type": "array",
@@ -261,6 +272,7 @@ _SCHEMAS: dict[str, Any] = {
                 "replicas",
                 "isolation",
                 "gpu_type",
+                "kind",
                 "jobs",
                 "workers",
             ),

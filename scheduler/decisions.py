@@ -74,9 +74,12 @@ class Reject:
 
 @dataclass(frozen=True)
 class ScaleOut:
-    """Add `hosts` hosts (at least 1)."""
+    """Add `hosts` hosts (at least 1), of `kind` (`hostkinds`: ``on-demand`` when the request
+    needs a majority replica's host, which a spot host cannot be); None: the autoscaler's
+    choice (`hostkinds.kind_to_add`)."""
 
     hosts: int
+    kind: str | None = None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,13 @@ from kernelfleet.scheduler.decisions import (
     RunOn,
     ScaleOut,
 )
+from kernelfleet.scheduler.hostkinds import (
+    ON_DEMAND,
+    SPOT,
+    choose_within_spot_limit,
+    spot_hosts_barred,
+    spot_replicas_allowed,
+)
 from kernelfleet.scheduler.policy import (
     ExecuteRequest,
     GpuBinding,
@@ -59,7 +66,9 @@ class NotebookOSPolicy(AutoscalingPolicy):
 
     Placement spreads replicas over distinct hosts, least loaded first: fewest replicas, then most
     idle GPUs, then host id. A host is refused a replica if its subscription ratio after placement
-    would exceed the cluster's (`cluster_subscription_ratio`).
+    would exceed the cluster's (`cluster_subscription_ratio`). A majority of a kernel's replicas
+    stay on on-demand hosts (`hostkinds`): spot hosts beyond its share are passed over, here and
+    in migrations.
     """
 
     name = "notebookos"
@@ -79,25 +88,39 @@ class NotebookOSPolicy(AutoscalingPolicy):
             return too_large
         fitting = [host for host in alive if host.gpus_total >= request.gpus]
         ratio = cluster_subscription_ratio(snapshot)
-        allowed = [host for host in fitting if _accepts_replica(host, request.gpus, ratio)]
+        spot = _spot_places(self, request)
+        accepting = [host for host in fitting if _accepts_replica(host, request.gpus, ratio)]
+        allowed = choose_within_spot_limit(
+            sorted(accepting, key=_load_order), request.replicas, spot
+        )
         if len(allowed) >= request.replicas:
-            chosen = sorted(allowed, key=_load_order)[: request.replicas]
-            return Placement(host_ids=tuple(host.id for host in chosen))
+            return Placement(host_ids=tuple(host.id for host in allowed))
         grows = snapshot.gpus_per_host > 0 or snapshot.hosts_pending > 0
-        if not grows and len(fitting) >= request.replicas:
+        anywhere = choose_within_spot_limit(
+            sorted(fitting, key=_load_order), request.replicas, spot
+        )
+        if not grows and len(anywhere) >= request.replicas:
             # No host will be added: the ratio, whose job is to ask for more hosts, cannot,
             # so it does not bind; the least loaded hosts take the replicas (a kernelfleet
             # addition: NotebookOS always autoscales).
-            chosen = sorted(fitting, key=_load_order)[: request.replicas]
-            return Placement(host_ids=tuple(host.id for host in chosen))
+            return Placement(host_ids=tuple(host.id for host in anywhere))
         missing = request.replicas - len(allowed) - snapshot.hosts_pending
         detail = (
             f"needs {request.replicas} host(s) with at least {request.gpus} GPU(s) each; "
             f"{len(fitting)} of {len(alive)} alive host(s) are large enough and {len(allowed)} "
             f"within the cluster subscription ratio {ratio:.2f}"
         )
+        spot_hosts = sum(1 for host in fitting if host.kind == SPOT)
+        if spot_hosts:
+            detail += (
+                f"; at most {spot} of its replicas may be on spot hosts (a majority stays "
+                f"on-demand), and {len(fitting) - spot_hosts} large enough host(s) are on-demand"
+            )
         if snapshot.gpus_per_host > 0 and missing > 0:
-            return ScaleOut(missing)
+            # every host missing must be on-demand when that is all the majority lacks
+            on_demand = sum(1 for host in accepting if host.kind != SPOT)
+            needed = request.replicas - spot - on_demand
+            return ScaleOut(missing, ON_DEMAND if needed >= missing else None)
         reason = QueueReason.SUBSCRIPTION_FULL if fitting else QueueReason.WAITING_FOR_HOSTS
         return Queue(reason, detail)
 
@@ -115,11 +138,16 @@ class NotebookOSPolicy(AutoscalingPolicy):
         able = [host for host in replicas if host.can_commit(request.gpus)]
         if able:
             return RunOn(self.pick_executor(able, kernel, request.gpus).id)
-        target = self.migration_target_for(snapshot, request.gpus, kernel.replica_hosts)
+        source = _migration_source(replicas, kernel.replica_hosts, kernel.executor_host)
+        spot = spot_replicas_allowed(self.replicas, self.max_spot_replicas)
+        barred = spot_hosts_barred(
+            snapshot, kernel.replica_hosts, source, spot, kernel.catching_up, self.replicas
+        )
+        exclude = (*kernel.replica_hosts, *sorted(barred))
+        target = self.migration_target_for(snapshot, request.gpus, exclude)
         if target is not None:
-            source = _migration_source(replicas, kernel.replica_hosts, kernel.executor_host)
             return Migrate(from_host=source, to_host=target.id)
-        return _grow_or_wait(snapshot, request.gpus)
+        return _grow_or_wait(snapshot, request.gpus, ON_DEMAND if barred else None)
 
     def pick_executor(
         self, able: list[HostSnapshot], kernel: KernelSnapshot, gpus: int = 1
@@ -138,7 +166,8 @@ class NotebookOSPolicy(AutoscalingPolicy):
 class ReservationPolicy(AutoscalingPolicy):
     """The JupyterHub/Colab way: a session commits its GPUs on one host for its whole life.
 
-    Admission picks the alive host with the fewest idle GPUs that still fit (best fit, then id).
+    Admission picks the alive host with the fewest idle GPUs that still fit (best fit, then id);
+    never a spot host, under the majority rule (one replica: a revocation would lose it).
     """
 
     name = "reservation"
@@ -152,9 +181,12 @@ class ReservationPolicy(AutoscalingPolicy):
             return too_large
         fits = [host for host in snapshot.alive_hosts() if host.can_commit(request.gpus)]
         if len(fits) >= request.replicas:
-            chosen = sorted(fits, key=lambda h: (h.gpus_idle, -h.free_speed(request.gpus), h.id))
-            chosen = chosen[: request.replicas]
-            return Placement(tuple(host.id for host in chosen))
+            ordered = sorted(fits, key=lambda h: (h.gpus_idle, -h.free_speed(request.gpus), h.id))
+            spot = _spot_places(self, request)
+            chosen = choose_within_spot_limit(ordered, request.replicas, spot)
+            if len(chosen) >= request.replicas:
+                return Placement(tuple(host.id for host in chosen))
+            return _grow_or_wait(snapshot, request.gpus, ON_DEMAND)
         return _grow_or_wait(snapshot, request.gpus)
 
     def choose_executor(self, snapshot: FleetSnapshot, request: ExecuteRequest) -> ExecutorDecision:
@@ -177,12 +209,14 @@ class FcfsBatchPolicy(AutoscalingPolicy):
 
     def place(self, snapshot: FleetSnapshot, request: PlacementRequest) -> Placement:
         """For the gateway, which needs somewhere to start the kernel: least loaded hosts."""
+        spot = _spot_places(self, request)
         alive = snapshot.alive_hosts()
-        if len(alive) < request.replicas:
+        chosen = choose_within_spot_limit(sorted(alive, key=_load_order), request.replicas, spot)
+        if len(chosen) < request.replicas:
             raise NoCapacity(
-                f"kernel {request.kernel_id} needs {request.replicas} host(s); {len(alive)} alive"
+                f"kernel {request.kernel_id} needs {request.replicas} host(s), a majority of them "
+                f"on-demand; {len(alive)} alive"
             )
-        chosen = sorted(alive, key=_load_order)[: request.replicas]
         return Placement(tuple(host.id for host in chosen))
 
     def admit(self, snapshot: FleetSnapshot, request: PlacementRequest) -> AdmitDecision:
@@ -199,6 +233,13 @@ class FcfsBatchPolicy(AutoscalingPolicy):
                 min(fits, key=lambda h: (h.gpus_idle, -h.free_speed(request.gpus), h.id)).id
             )
         return _grow_or_wait(snapshot, request.gpus)
+
+
+def _spot_places(policy: Policy, request: PlacementRequest) -> int:
+    """How many of the hosts `request` asks for may be spot hosts."""
+    if request.spot_places is not None:
+        return request.spot_places
+    return spot_replicas_allowed(request.replicas, policy.max_spot_replicas)
 
 
 def cluster_subscription_ratio(snapshot: FleetSnapshot) -> float:
@@ -248,10 +289,11 @@ def _migration_source(
     return min(replicas, key=lambda h: (h.gpus_idle, h.id == executor, h.id)).id
 
 
-def _grow_or_wait(snapshot: FleetSnapshot, gpus: int) -> ScaleOut | Queue:
+def _grow_or_wait(snapshot: FleetSnapshot, gpus: int, kind: str | None = None) -> ScaleOut | Queue:
+    """A host more (of `kind`, if it must be), or wait for those being added."""
     if snapshot.hosts_pending > 0 or snapshot.gpus_per_host <= 0:
         return Queue(QueueReason.WAITING_FOR_GPUS, f"waiting for {gpus} GPU(s)")
-    return ScaleOut(1)
+    return ScaleOut(1, kind)
 
 
 def _too_large(snapshot: FleetSnapshot, gpus: int) -> Reject | None:

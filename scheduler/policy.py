@@ -55,11 +55,15 @@ class StateSync(enum.Enum):
 
 @dataclass(frozen=True)
 class PlacementRequest:
-    """A new kernel: how many replicas (each on a distinct host) and its default GPU need."""
+    """A new kernel: how many replicas (each on a distinct host) and its default GPU need.
+    ``spot_places``: how many of the hosts asked for may be spot hosts; None: the policy's rule
+    for a kernel of `replicas` replicas (a new replica of a larger kernel says what its others
+    leave)."""
 
     kernel_id: str
     replicas: int = 1
     gpus: int = 0
+    spot_places: int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,13 +83,17 @@ class Policy(abc.ABC):
     re-place a restarted kernel, a lost replica or one that moves, `choose_executor` at each
     cell and `autoscale` every autoscaling round. The class attributes tell the caller how to
     execute the decisions: how many replicas a kernel has, when GPUs are bound, and
-    whether state sync sits on a cell's critical path.
+    whether state sync sits on a cell's critical path. ``max_spot_replicas``: how many of a
+    kernel's replicas the built-in policies put on spot hosts; None (the default) is the
+    majority rule of `kernelfleet.scheduler.hostkinds` (at most one of 3), which a revocation
+    never costs a kernel; another value is for measuring what breaking it costs.
     """
 
     name: str = ""
     replicas: int = 1
     binding: GpuBinding = GpuBinding.PER_CELL
     state_sync: StateSync = StateSync.OFF_CRITICAL_PATH
+    max_spot_replicas: int | None = None
 
     @abc.abstractmethod
     def place(self, snapshot: FleetSnapshot, request: PlacementRequest) -> Placement:

@@ -23,6 +23,7 @@ class HostSnapshot:
     which `free_speed` takes for 1.0. ``started_at``: when the host came up; ``idle_since``:
     when its last committed GPU was released (meaningful only while none is committed); both on
     the snapshot's clock, and -inf (up and idle since forever) when the caller does not know.
+    ``kind``: ``on-demand`` or ``spot`` (revocable; `kernelfleet.scheduler.hostkinds`).
     """
 
     id: str
@@ -34,6 +35,7 @@ class HostSnapshot:
     free_gpu_speeds: tuple[float, ...] = ()
     started_at: float = -math.inf
     idle_since: float = -math.inf
+    kind: str = "on-demand"
 
     def free_speed(self, gpus: int) -> float:
         """How fast a cell needing `gpus` GPUs would run here: the slowest of the `gpus`
@@ -59,12 +61,15 @@ class HostSnapshot:
 
 @dataclass(frozen=True)
 class KernelSnapshot:
-    """One kernel: its GPU need, the hosts of its replicas, and its last executor's host."""
+    """One kernel: its GPU need, the hosts of its replicas, and its last executor's host.
+    ``catching_up``: those of `replica_hosts` whose replica is new and not yet a live member
+    of its Raft group (a replacement still copying the state)."""
 
     id: str
     gpus: int = 0
     replica_hosts: tuple[str, ...] = ()
     executor_host: str | None = None
+    catching_up: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ def host_models(handler: GatewayHandler) -> dict[str, dict[str, Any]]:
             "id": host.id,
             "address": host.address,
             "state": host.liveness,
+            "kind": host.kind,
             "gpus": {
                 "total": views[host.id].gpus_total,
                 "subscribed": views[host.id].gpus_subscribed,

@@ -77,6 +77,7 @@ from kernelfleet.kernels.agent.replicas import ID_PATTERN, ReplicaState, Replica
 from kernelfleet.kernels.agent.tool_workers import WorkerTable
 from kernelfleet.privileges import mark_non_dumpable
 from kernelfleet.runtime_file import AgentRuntime, remove_runtime, write_runtime
+from kernelfleet.scheduler.hostkinds import HOST_KINDS, ON_DEMAND
 from kernelfleet.web import log_request
 
 PACKAGED_KERNELSPECS = Path(__file__).resolve().parent / "kernelspecs"
@@ -135,6 +136,7 @@ class HostAgentApp(Application):
         "gpus": "HostAgentApp.gpus",
         "gpu-inventory": "HostAgentApp.gpu_inventory",
         "gpu-type": "HostAgentApp.gpu_type",
+        "kind": "HostAgentApp.kind",
         "gpu-speed": "HostAgentApp.gpu_speed",
         "state-dir": "HostAgentApp.state_dir",
         "host-id": "HostAgentApp.host_id",
@@ -188,6 +190,15 @@ class HostAgentApp(Application):
         help="The GPU type this host advertises for virtual GPUs (job schedulers group GPUs "
         "by type, so a heterogeneous fleet can run here). Real GPUs advertise their NVML name. "
         "Default: $KERNELFLEET_GPU_TYPE, else 'virtual'.",
+    ).tag(config=True)
+
+    kind = Enum(
+        HOST_KINDS,
+        default_value=ON_DEMAND,
+        help="What kind of machine this host is: 'on-demand', or 'spot' (revocable: the "
+        "provider may take it back). The gateway keeps a majority of every kernel's replicas "
+        "on on-demand hosts, so a revoked spot host costs a replica, never a kernel "
+        "(docs/economics.md, 'Transient hosts').",
     ).tag(config=True)
 
     gpu_speed = Unicode(
@@ -613,6 +624,7 @@ class HostAgentApp(Application):
             "address": self.address,
             "gpus": [gpu.to_dict() for gpu in self.inventory.devices()],
             "gpu_type": self.inventory.gpu_type,
+            "kind": self.kind,
             "replicas": self.replicas.models(),
             "jobs": self.jobs.models(),
             "workers": self.workers.models(),

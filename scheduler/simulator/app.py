@@ -111,6 +111,14 @@ class SimulateApp(Application):
     session_linger_s = _model_trait("session_linger_s")
     idle_timeout_s = _model_trait("idle_timeout_s")
     ratio_window_s = _model_trait("ratio_window_s")
+    on_demand_price = _model_trait("on_demand_price")
+    spot_price = _model_trait("spot_price")
+    spot_share = _model_trait("spot_share")
+    revocation_rate_per_hour = _model_trait("revocation_rate_per_hour")
+    notice_s = _model_trait("notice_s")
+    spot_extra_start_s = _model_trait("spot_extra_start_s")
+    spot_replicas_max = _model_trait("spot_replicas_max")
+    revocation_seed = _model_trait("revocation_seed")
 
     @validate("policies")
     def _check_policies(self, proposal: dict) -> list[str]:

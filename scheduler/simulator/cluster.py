@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kernelfleet.scheduler.hostkinds import ON_DEMAND, SPOT
 from kernelfleet.scheduler.snapshot import (
     NO_ARRIVALS,
     ArrivalStats,
@@ -31,6 +32,7 @@ class SimHost:
     kernels: set[str] = field(default_factory=set)
     started_at: float = 0.0
     idle_since: float = 0.0  # when `committed` last fell to 0
+    kind: str = ON_DEMAND
     _snapshot: HostSnapshot | None = None
 
     def snapshot(self) -> HostSnapshot:
@@ -43,6 +45,7 @@ class SimHost:
                 len(self.kernels),
                 started_at=self.started_at,
                 idle_since=self.idle_since,
+                kind=self.kind,
             )
         return self._snapshot
 
@@ -54,20 +57,37 @@ class SimKernel:
     replica_hosts: list[str] = field(default_factory=list)
     executor_host: str | None = None
     reserved_host: str | None = None
+    replacing: dict[str, float] = field(default_factory=dict)
+    """Replicas being re-created after a revocation: host -> when it is caught up (the
+    engine's; a replica still catching up is not a live member yet)."""
 
-    def snapshot(self) -> KernelSnapshot:
-        return KernelSnapshot(self.id, self.gpus, tuple(self.replica_hosts), self.executor_host)
+    def snapshot(self, now: float = 0.0) -> KernelSnapshot:
+        """The kernel at `now` (which replicas are still catching up)."""
+        return KernelSnapshot(
+            self.id,
+            self.gpus,
+            tuple(self.replica_hosts),
+            self.executor_host,
+            self.catching_up(now),
+        )
+
+    def catching_up(self, now: float) -> tuple[str, ...]:
+        """Hosts of the replicas still catching up at `now`."""
+        return tuple(h for h, until in self.replacing.items() if until > now)
 
 
 class Cluster:
-    """Hosts by id (alive ones only), kernels by id, hosts being added, and a change counter.
-    ``now`` is the engine's clock, which dates hosts' starts and idle periods."""
+    """Hosts by id (alive ones only), kernels by id, hosts being added (``pending``, of which
+    ``pending_spot`` are spot), and a change counter. ``now`` is the engine's clock, which dates
+    hosts' starts and idle periods."""
 
     def __init__(self, gpus_per_host: int) -> None:
         self.gpus_per_host = gpus_per_host
         self.hosts: dict[str, SimHost] = {}
         self.kernels: dict[str, SimKernel] = {}
         self.pending = 0
+        self.pending_spot = 0
+        self.spot_hosts = 0
         self.version = 0
         self.now = 0.0
         self._committed = 0
@@ -76,12 +96,17 @@ class Cluster:
 
     # ---- hosts ---------------------------------------------------------------------------
 
-    def add_host(self) -> SimHost:
+    def add_host(self, kind: str = ON_DEMAND) -> SimHost:
         self._next_host += 1
         host = SimHost(
-            f"h{self._next_host}", self.gpus_per_host, started_at=self.now, idle_since=self.now
+            f"h{self._next_host}",
+            self.gpus_per_host,
+            started_at=self.now,
+            idle_since=self.now,
+            kind=kind,
         )
         self.hosts[host.id] = host
+        self.spot_hosts += kind == SPOT
         self._changed(None)
         return host
 
@@ -90,6 +115,7 @@ class Cluster:
         if host.committed or host.kernels:
             raise LedgerError(f"host {host_id} still holds GPUs or replicas")
         del self.hosts[host_id]
+        self.spot_hosts -= host.kind == SPOT
         self._changed(None)
 
     @property

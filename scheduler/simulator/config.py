@@ -12,6 +12,7 @@ from typing import Any
 
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.scheduler.autoscale import AutoscaleConfig
+from kernelfleet.scheduler.hostkinds import SpotMarket
 from kernelfleet.scheduler.policies import AutoscalingPolicy
 from kernelfleet.scheduler.policy import Policy
 
@@ -44,7 +45,19 @@ EXPLANATIONS = {
     "idle_timeout_s": "a kernel idle this long between cells is reclaimed, and re-created "
     "session_lead_s before its next cell (0: never; Sensei reclaims after 30 min)",
     "ratio_window_s": "moving window of the demand/busy subscription ratio",
+    "on_demand_price": "$ per GPU-hour of an on-demand host (docs/economics.md, Transient hosts)",
+    "spot_price": "$ per GPU-hour of a spot (revocable) host",
+    "spot_share": "most of the fleet's hosts that scale-out adds as spot (0: on-demand only)",
+    "revocation_rate_per_hour": "revocations per spot host-hour (a Poisson process)",
+    "notice_s": "a revocation is told this long before the spot host goes",
+    "spot_extra_start_s": "a spot host takes this much longer to start than scale_out_delay_s",
+    "spot_replicas_max": "most replicas of a kernel on spot hosts (-1: fewer than a majority, "
+    "the safe rule; more only to measure what breaking it costs)",
+    "revocation_seed": "seed of the revocation times (the same seed, the same revocations)",
 }
+
+#: the fields of `SpotMarket` among the simulation's, in its order
+MARKET_FIELDS = tuple(SpotMarket.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
@@ -74,11 +87,27 @@ class SimulationConfig:
     session_linger_s: float = 1800.0
     idle_timeout_s: float = 1800.0
     ratio_window_s: float = 300.0
+    on_demand_price: float = SpotMarket.on_demand_price
+    spot_price: float = SpotMarket.spot_price
+    spot_share: float = SpotMarket.spot_share
+    revocation_rate_per_hour: float = SpotMarket.revocation_rate_per_hour
+    notice_s: float = SpotMarket.notice_s
+    spot_extra_start_s: float = SpotMarket.spot_extra_start_s
+    spot_replicas_max: int = -1
+    revocation_seed: int = 0
 
     def __post_init__(self) -> None:
+        self.market()  # refuses impossible prices and rates, naming the field
         for name, value in asdict(self).items():
-            if not isinstance(value, bool) and value < 0:
+            if name == "spot_replicas_max":
+                continue
+            if not isinstance(value, bool) and not value >= 0:  # also refuses NaN
                 raise InvalidRequest(f"simulation parameter {name} must be >= 0, not {value}")
+        if self.spot_replicas_max < -1:
+            raise InvalidRequest(
+                "simulation parameter spot_replicas_max must be -1 (the majority rule) or >= 0, "
+                f"not {self.spot_replicas_max}"
+            )
         if self.gpus_per_host < 1:
             raise InvalidRequest("simulation parameter gpus_per_host must be >= 1")
         if self.autoscale_interval_s <= 0:
@@ -91,6 +120,15 @@ class SimulationConfig:
     @property
     def assumptions(self) -> dict[str, Any]:
         return asdict(self)
+
+    def market(self) -> SpotMarket:
+        """The host kinds' prices and revocation process (`InvalidRequest` naming a bad one)."""
+        return SpotMarket(**{name: getattr(self, name) for name in MARKET_FIELDS})
+
+    @property
+    def spot_replicas_override(self) -> int | None:
+        """`Policy.max_spot_replicas` for the simulated policies: None under the majority rule."""
+        return None if self.spot_replicas_max < 0 else self.spot_replicas_max
 
     def autoscaling(self) -> AutoscaleConfig:
         """The policies' autoscaler parameters implied by this model."""

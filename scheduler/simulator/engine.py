@@ -10,6 +10,13 @@ where an older waiting cell could run (one of its kernel's replica hosts; any ho
 without replicas): free GPUs there are kept for the elder, so a large cell is not starved by a
 stream of small ones. That rule is `kernelfleet.scheduler.waiting.held_for_elders`, the code the
 gateway runs (`kernelfleet.gateway.executors`).
+
+Host kinds (docs/economics.md, "Transient hosts"): scale-out adds spot hosts within the
+config's ``spot_share`` (`hostkinds.kind_to_add`), each revoked after a time drawn from the
+revocation process (seeded). A revocation cuts the cells running on the host (run again
+elsewhere, their GPU-hours counted as redone) and replaces its replicas on other hosts, which
+takes ``migration_cost_s`` from the notice; a kernel whose live replicas, the revoked one and
+those still being replaced aside, are no longer a majority is counted as lost.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import enum
 import heapq
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +38,12 @@ from kernelfleet.scheduler.decisions import (
     ScaleOut,
 )
 from kernelfleet.scheduler.demand_model import DemandModel, Forecaster
+from kernelfleet.scheduler.hostkinds import (
+    SPOT,
+    kind_to_add,
+    spot_hosts_barred,
+    spot_replicas_allowed,
+)
 from kernelfleet.scheduler.policies import AutoscalingPolicy, migration_target
 from kernelfleet.scheduler.policy import (
     ExecuteRequest,
@@ -62,6 +76,7 @@ class Event(enum.IntEnum):
     SESSION_START = 4
     CELL_SUBMIT = 5
     TICK = 6
+    HOST_REVOKED = 7
 
 
 @dataclass
@@ -98,6 +113,11 @@ class Simulation:
     ) -> None:
         self.policy = policy
         self.config = config
+        self.market = config.market()
+        if config.spot_replicas_override is not None:  # the config's looser rule, if any
+            policy.max_spot_replicas = config.spot_replicas_override
+        self._spot_allowed = spot_replicas_allowed(policy.replicas, policy.max_spot_replicas)
+        self._revocations = random.Random(config.revocation_seed)
         self.progress = progress
         self.cluster = Cluster(config.gpus_per_host)
         self.result = PolicyResult(
@@ -109,6 +129,11 @@ class Simulation:
         self.provisioned = Gauge(self.now)
         self.committed = Gauge(self.now)
         self.busy = Gauge(self.now)
+        self.provisioned_spot = Gauge(self.now)
+        self._running: dict[int, tuple[int, str, float, float]] = {}
+        """Cells running, by session: (cell index, host, start, end)."""
+        self._reruns: set[tuple[int, int]] = set()
+        """(session, cell) of cells cut by a revocation, whose start delay was counted."""
         self._heap: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
         self._waiting: list[_Waiting] = []
@@ -154,11 +179,12 @@ class Simulation:
 
     def _handle(self, kind: Event, a: int, b: int) -> None:
         if kind is Event.HOST_READY:
-            self.cluster.pending -= 1
-            self.cluster.add_host()
-            self._retry_waiting()
+            self._host_ready(spot=bool(a))
+        elif kind is Event.HOST_REVOKED:
+            self._revoke(f"h{a}")
         elif kind is Event.CELL_END:
-            self._cell_end(self.sessions[a], b)
+            if self._running.get(a, (None,))[0] == b and self._running[a][3] == self.now:
+                self._cell_end(self.sessions[a], b)  # else a cell cut by a revocation
         elif kind is Event.KERNEL_RECLAIM:
             self._release_kernel(self.sessions[a], SessionState.RECLAIMED)
         elif kind is Event.SESSION_END:
@@ -203,7 +229,7 @@ class Simulation:
             self._remaining -= 1
             return True
         if isinstance(decision, ScaleOut):
-            self._provision(decision.hosts)
+            self._provision(decision.hosts, decision.kind)
         return False
 
     def _release_kernel(self, session: SimSession, to: SessionState) -> None:
@@ -240,7 +266,7 @@ class Simulation:
         migration is made before that check, as the gateway does; a cell that then waits
         pays no migration cost when it runs (the move overlapped its wait)."""
         kernel = session.kernel
-        request = ExecuteRequest(kernel.snapshot(), kernel.gpus)
+        request = ExecuteRequest(kernel.snapshot(self.now), kernel.gpus)
         decision = self.policy.choose_executor(self._snapshot(), request)
         if isinstance(decision, RunOn):
             if self._held_for(elders, decision.host_id, kernel.gpus):
@@ -264,7 +290,7 @@ class Simulation:
             self._next_cell(session, index, self.now)
             return True
         if isinstance(decision, ScaleOut):
-            self._provision(decision.hosts)
+            self._provision(decision.hosts, decision.kind)
         return False
 
     def _held_for(self, elders: list[_Waiting], host_id: str, gpus: int) -> bool:
@@ -288,13 +314,18 @@ class Simulation:
             extra += self.config.container_start_s + self.config.state_load_s
             after = self.config.state_save_s
         start = self.now + extra
-        self.result.delays_s.append(start - since)
-        self.result.events += 1
+        if (session.trace.id, index) in self._reruns:
+            self._reruns.discard((session.trace.id, index))
+        else:
+            self.result.delays_s.append(start - since)
+            self.result.events += 1
         self.busy.set(self.now, self.busy.value + kernel.gpus)
         end = start + event.duration_min * 60 + after
+        self._running[session.trace.id] = (index, host_id, start, end)
         self._at(end, Event.CELL_END, session.trace.id, index)
 
     def _cell_end(self, session: SimSession, index: int) -> None:
+        self._running.pop(session.trace.id, None)
         kernel = session.kernel
         if self.policy.binding is GpuBinding.PER_CELL and kernel.executor_host is not None:
             self.cluster.release(kernel.executor_host, kernel.gpus)
@@ -338,14 +369,125 @@ class Simulation:
                 still.append(item)
         self._waiting = still
 
-    def _provision(self, hosts: int) -> None:
+    def _provision(self, hosts: int, kind: str | None = None) -> None:
+        """Ask for `hosts` hosts of `kind`; None: `kind_to_add` decides, for a policy whose
+        kernels may have a replica on spot (never for one that keeps a single replica)."""
         limit = self.config.max_hosts
+        cluster = self.cluster
+        share = self.market.spot_share
+        if self.policy.replicas > 0 and self._spot_allowed == 0:
+            share = 0.0
         for _ in range(hosts):
-            if limit and len(self.cluster.hosts) + self.cluster.pending >= limit:
+            if limit and len(cluster.hosts) + cluster.pending >= limit:
                 return
-            self.cluster.pending += 1
+            fleet = len(cluster.hosts) + cluster.pending
+            spot = kind or kind_to_add(cluster.spot_hosts + cluster.pending_spot, fleet, share)
+            delay = self.config.scale_out_delay_s
+            if spot == SPOT:
+                cluster.pending_spot += 1
+                delay += self.market.spot_extra_start_s
+            cluster.pending += 1
             self.result.scale_outs += 1
-            self._at(self.now + self.config.scale_out_delay_s, Event.HOST_READY)
+            self._at(self.now + delay, Event.HOST_READY, int(spot == SPOT))
+
+    def _host_ready(self, spot: bool) -> None:
+        """A host asked for is up; a spot host's revocation is drawn now."""
+        self.cluster.pending -= 1
+        self.cluster.pending_spot -= spot
+        host = self.cluster.add_host(SPOT if spot else "on-demand")
+        rate = self.market.revocation_rate_per_hour
+        if spot and rate > 0:
+            lifetime = self._revocations.expovariate(rate / 3600)
+            self._at(self.now + lifetime, Event.HOST_REVOKED, int(host.id[1:]))
+        self._retry_waiting()
+
+    # ---- revocations ---------------------------------------------------------------------
+
+    def _revoke(self, host_id: str) -> None:
+        """Spot host `host_id` is revoked now (unless scale-in released it before): its cells
+        are cut and run again, its replicas replaced; see the module docstring."""
+        host = self.cluster.hosts.get(host_id)
+        if host is None:
+            return
+        self.result.revocations += 1
+        cut = {sid: cell[0] for sid, cell in self._running.items() if cell[1] == host_id}
+        for sid in cut:
+            self._cut(sid)
+        for kernel_id in sorted(host.kernels):
+            self._replace(self.cluster.kernels[kernel_id], host_id)
+        self.cluster.remove_host(host_id)
+        for sid, index in cut.items():
+            self._waiting.append(_Waiting(self.sessions[sid], index, self.now))
+        self._retry_waiting()
+
+    def _cut(self, sid: int) -> None:
+        """The cell running for session `sid` is cut: its GPUs are released and its work so
+        far is counted as redone; it is run again (its start delay is not counted twice)."""
+        index, host_id, start, _ = self._running.pop(sid)
+        kernel = self.sessions[sid].kernel
+        if self.policy.binding is GpuBinding.PER_CELL:
+            self.cluster.release(host_id, kernel.gpus)
+        self.busy.set(self.now, self.busy.value - kernel.gpus)
+        self.result.cells_interrupted += 1
+        self.result.gpu_hours_redone += kernel.gpus * max(0.0, self.now - start) / 3600
+        self._reruns.add((sid, index))
+
+    def _replace(self, kernel: SimKernel, host_id: str) -> None:
+        """Replace `kernel`'s replica on revoked `host_id` on another host (within the spot
+        limit), counting the kernel lost if its live replicas are no longer a majority. The
+        replacement starts at the notice and takes ``migration_cost_s``. A kernel left with
+        no replica at all (every replacement of its replicas found no host) starts again."""
+        now = self.now
+        kernel.replacing = {h: until for h, until in kernel.replacing.items() if until > now}
+        kernel.replacing.pop(host_id, None)
+        live = [h for h in kernel.replica_hosts if h != host_id and h not in kernel.replacing]
+        if len(live) < self.policy.replicas // 2 + 1:
+            self.result.kernels_lost += 1
+        gpus = 0
+        if kernel.reserved_host == host_id:
+            self.cluster.release(host_id, kernel.gpus)
+            kernel.reserved_host = None
+            gpus = kernel.gpus
+        snapshot = self._snapshot()
+        barred = spot_hosts_barred(
+            snapshot,
+            kernel.replica_hosts,
+            host_id,
+            self._spot_allowed,
+            kernel.catching_up(now),
+            self.policy.replicas,
+        )
+        target = migration_target(snapshot, gpus, {*kernel.replica_hosts, *barred})
+        if target is None:
+            self.cluster.remove_replica(kernel, host_id)
+            self.result.replacements_failed += 1
+        else:
+            self.cluster.move_replica(kernel, host_id, target.id)
+            self.result.replacements += 1
+            ready = now - self.market.notice_s + self.config.migration_cost_s
+            if ready > now:
+                kernel.replacing[target.id] = ready
+            if gpus:
+                self.cluster.commit(target.id, gpus)
+                kernel.reserved_host = kernel.executor_host = target.id
+        if not kernel.replica_hosts:
+            self._restart(kernel)
+
+    def _restart(self, kernel: SimKernel) -> None:
+        """`kernel` has no replica left (every replacement found no host): it is placed
+        again at once, its state lost; where the policy finds no place now (it asks for hosts)
+        it stays without replicas, and its cells until it has some are rejected (counted)."""
+        kernel.executor_host = None
+        request = PlacementRequest(kernel.id, replicas=self.policy.replicas, gpus=kernel.gpus)
+        decision = self.policy.admit(self._snapshot(), request)
+        if isinstance(decision, Placement):
+            for host_id in decision.host_ids:
+                self.cluster.add_replica(kernel, host_id)
+            if self.policy.binding is GpuBinding.PER_SESSION and decision.host_ids:
+                kernel.reserved_host = kernel.executor_host = decision.host_ids[0]
+                self.cluster.commit(kernel.reserved_host, kernel.gpus)
+        elif isinstance(decision, ScaleOut):
+            self._provision(decision.hosts, decision.kind)
 
     def _tick(self) -> None:
         subscribed = sum(host.subscribed for host in self.cluster.hosts.values())
@@ -356,7 +498,7 @@ class Simulation:
         if self._rule_reads_clock or self.cluster.version != self._quiet_version or self._waiting:
             decision = self.policy.autoscale(self._snapshot())
             if isinstance(decision, ScaleOut):
-                self._provision(decision.hosts)
+                self._provision(decision.hosts, decision.kind)
             elif isinstance(decision, ScaleIn):
                 self._scale_in(decision.host_ids)
             else:
@@ -371,8 +513,17 @@ class Simulation:
                 continue
             for kernel_id in sorted(host.kernels):
                 kernel = self.cluster.kernels[kernel_id]
-                exclude = {*kernel.replica_hosts, *host_ids}
-                target = migration_target(self._snapshot(), 0, exclude)
+                snapshot = self._snapshot()
+                barred = spot_hosts_barred(
+                    snapshot,
+                    kernel.replica_hosts,
+                    host_id,
+                    self._spot_allowed,
+                    kernel.catching_up(self.now),
+                    self.policy.replicas,
+                )
+                exclude = {*kernel.replica_hosts, *host_ids, *barred}
+                target = migration_target(snapshot, 0, exclude)
                 if target is None:
                     break
                 self.cluster.move_replica(kernel, host_id, target.id)
@@ -395,6 +546,7 @@ class Simulation:
         alive = len(self.cluster.hosts)
         self.result.peak_hosts = max(self.result.peak_hosts, alive)
         self.provisioned.set(self.now, alive * self.config.gpus_per_host)
+        self.provisioned_spot.set(self.now, self.cluster.spot_hosts * self.config.gpus_per_host)
         self.committed.set(self.now, self.cluster.committed)
 
     def _finish(self) -> PolicyResult:
@@ -404,12 +556,19 @@ class Simulation:
                 f"{result.policy}: {self.cluster.committed} GPU(s) and "
                 f"{len(self.cluster.kernels)} kernel(s) left after every session ended"
             )
-        for gauge in (self.provisioned, self.committed, self.busy):
+        for gauge in (self.provisioned, self.committed, self.busy, self.provisioned_spot):
             gauge.close(self.now)
         result.end_s = self.now
         result.gpu_hours_provisioned = self.provisioned.area / 3600
         result.gpu_hours_committed = self.committed.area / 3600
         result.gpu_hours_busy = self.busy.area / 3600
+        result.gpu_hours_spot = self.provisioned_spot.area / 3600
+        on_demand = result.gpu_hours_provisioned - result.gpu_hours_spot
+        market = self.market
+        result.dollars = (
+            on_demand * market.on_demand_price + result.gpu_hours_spot * market.spot_price
+        )
+        result.dollars_on_demand = result.gpu_hours_provisioned * market.on_demand_price
         result.provisioned_history = self.provisioned.history
         result.busy_history = self.busy.history
         result.committed_history = self.committed.history

@@ -65,6 +65,15 @@ class PolicyResult:
     gpu_hours_floor: float = 0.0  # the trace's busy GPU-hours (`floor.busy_floor_gpu_hours`)
     gpu_hours_reservation: float | None = None  # the baseline of `saving_share`, if known
     reservation_source: str = ""  # where that baseline comes from, in words
+    gpu_hours_spot: float = 0.0  # of `gpu_hours_provisioned`, on spot hosts
+    dollars: float = 0.0  # provisioned GPU-hours at their kind's price
+    dollars_on_demand: float = 0.0  # the same GPU-hours, all at the on-demand price
+    revocations: int = 0  # spot hosts revoked
+    replacements: int = 0  # replicas re-created elsewhere after their host was revoked
+    replacements_failed: int = 0  # ... that found no host (the kernel runs on with fewer)
+    kernels_lost: int = 0  # kernels left without a majority of live replicas by a revocation
+    cells_interrupted: int = 0  # cells running on a revoked host, run again elsewhere
+    gpu_hours_redone: float = 0.0  # the GPU-hours those cells had run before they were cut
     delays_s: list[float] = field(default_factory=list)
     provisioned_history: list[tuple[float, float]] = field(default_factory=list)
     busy_history: list[tuple[float, float]] = field(default_factory=list)
@@ -91,7 +100,8 @@ class PolicyResult:
         )
 
     def as_json(self) -> dict[str, Any]:
-        """The documented fields; those since the floor was added come last."""
+        """The documented fields; those since the floor was added come after the first ones,
+        and those of host kinds (docs/economics.md, "Transient hosts") last."""
         share = self.saving_share
         reservation = self.gpu_hours_reservation
         return {
@@ -106,4 +116,13 @@ class PolicyResult:
             "gpu_hours_floor": round(self.gpu_hours_floor, 3),
             "gpu_hours_reservation": None if reservation is None else round(reservation, 3),
             "saving_share": None if share is None else round(share, 4),
+            "dollars": round(self.dollars, 2),
+            "dollars_on_demand": round(self.dollars_on_demand, 2),
+            "gpu_hours_spot": round(self.gpu_hours_spot, 3),
+            "revocations": self.revocations,
+            "replacements": self.replacements,
+            "replacements_failed": self.replacements_failed,
+            "kernels_lost": self.kernels_lost,
+            "cells_interrupted": self.cells_interrupted,
+            "gpu_hours_redone": round(self.gpu_hours_redone, 3),
         }

@@ -96,6 +96,7 @@ COLUMNS = (
     ("GPU-h commit", "{:,.0f}"),
     ("GPU-h busy", "{:,.0f}"),
     ("saving %", "{}"),
+    ("dollars", "{:,.0f}"),
     ("delay p50 s", "{:.1f}"),
     ("p95 s", "{:.1f}"),
     ("p99 s", "{:.1f}"),
@@ -107,6 +108,8 @@ COLUMNS = (
     ("sessions", "{:,}"),
     ("events", "{:,}"),
     ("rejected", "{:,}"),
+    ("revoked", "{:,}"),
+    ("kernels lost", "{:,}"),
 )
 
 
@@ -138,6 +141,7 @@ def results_table(results: dict[str, PolicyResult]) -> str:
             r.gpu_hours_committed,
             r.gpu_hours_busy,
             "-" if r.saving_share is None else f"{100 * r.saving_share:.0f}",
+            r.dollars,
             delay["p50"],
             delay["p95"],
             delay["p99"],
@@ -149,6 +153,8 @@ def results_table(results: dict[str, PolicyResult]) -> str:
             r.sessions,
             r.events,
             r.rejected_events,
+            r.revocations,
+            r.kernels_lost,
         )
         rows.append([fmt.format(v) for (_, fmt), v in zip(COLUMNS, values, strict=True)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelfleet.errors import HostLimitReached, HostUnavailable, NotFound
+from kernelfleet.errors import HostLimitReached, HostUnavailable, InvalidRequest, NotFound
 from kernelfleet.gateway.autoscaler import Autoscaler
 from kernelfleet.gateway.host_provider import LocalProcessHostProvider
 from kernelfleet.gateway.metrics import FleetMetrics
@@ -145,3 +145,19 @@ async def test_a_runtime_file_left_in_the_state_dir_is_not_taken_for_the_new_age
     with pytest.raises(HostUnavailable, match="exited with code"):
         await provider.start_host()
     assert provider.hosts() == ()
+
+
+async def test_a_spot_provider_starts_agents_that_say_they_are_spot(
+    small_fleet: Fleet, tmp_path: Path
+) -> None:
+    provider = LocalProcessHostProvider(
+        small_fleet.url, small_fleet.token, tmp_path / "spot", kind="spot"
+    )
+    try:
+        host_id = await provider.start_host()
+        await wait_until(lambda: host_id in hosts_of(small_fleet), 30, f"{host_id} to register")
+        assert hosts_of(small_fleet)[host_id]["kind"] == "spot"
+    finally:
+        await provider.close()
+    with pytest.raises(InvalidRequest, match="the host provider's kind must be one of"):
+        LocalProcessHostProvider(small_fleet.url, small_fleet.token, tmp_path / "x", kind="cheap")

@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from kernelfleet.errors import Conflict, NotFound
+from kernelfleet.errors import Conflict, InvalidRequest, NotFound
 from kernelfleet.gateway.hosts import HostRecord, HostRegistry, HostState
 
 
@@ -131,3 +131,12 @@ def test_a_host_back_after_missed_heartbeats_is_lost_again_when_its_open_link_cl
     hosts.report("h1", report(), now=7.0)
     assert hosts.link_closed("h1", link, "its agent's connection closed") is not None
     assert listener.lost == ["h1", "h1"]
+
+
+def test_a_host_says_its_kind_and_a_bad_kind_is_refused_naming_the_field(registry) -> None:
+    hosts, _, _ = registry
+    assert hosts.report("h1", report(), now=0.0).kind == "on-demand"
+    assert hosts.report("h2", {**report(instance="s"), "kind": "spot"}, now=0.0).kind == "spot"
+    with pytest.raises(InvalidRequest, match="a host report's 'kind' must be one of on-demand, "):
+        hosts.report("h3", {**report(instance="x"), "kind": "cheap"}, now=0.0)
+    assert "h3" not in {host.id for host in hosts.all()}

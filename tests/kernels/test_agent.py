@@ -110,6 +110,7 @@ async def test_registers_and_heartbeats(host_agent: StartAgent) -> None:
             for i in range(2)
         ],
         "gpu_type": "virtual",
+        "kind": "on-demand",
         "replicas": [],
         "jobs": [],
         "workers": [],

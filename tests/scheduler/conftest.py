@@ -25,6 +25,20 @@ FLOOR_FIELDS = frozenset(
     {"gpu_hours_busy", "gpu_hours_floor", "gpu_hours_reservation", "saving_share"}
 )
 """The fields added with the GPU-hour floor (docs/economics.md)."""
+HOST_KIND_FIELDS = frozenset(
+    {
+        "dollars",
+        "dollars_on_demand",
+        "gpu_hours_spot",
+        "revocations",
+        "replacements",
+        "replacements_failed",
+        "kernels_lost",
+        "cells_interrupted",
+        "gpu_hours_redone",
+    }
+)
+"""The fields added with host kinds (docs/economics.md, "Transient hosts")."""
 
 
 @pytest.fixture

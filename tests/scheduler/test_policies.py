@@ -83,7 +83,8 @@ def test_notebookos_over_the_ratio_spreads_when_no_host_can_be_added() -> None:
     hosts = (host("a", sub=16, rep=4), host("b", sub=5, rep=2), host("c", total=2))
     request = PlacementRequest("k", replicas=2, gpus=4)
     growing = fleet(*hosts, demand_gpus=8, busy_gpus=8)
-    assert NotebookOSPolicy().admit(growing, request) == ScaleOut(2)
+    # 2 replicas: neither may be on spot, so the hosts asked for are on-demand ones
+    assert NotebookOSPolicy().admit(growing, request) == ScaleOut(2, "on-demand")
     fixed = FleetSnapshot(hosts=hosts, demand_gpus=8, busy_gpus=8)
     assert NotebookOSPolicy().admit(fixed, request) == Placement(("b", "a"))  # c is too small
     # a host on its way (the last the limit allows) is waited for, not overridden

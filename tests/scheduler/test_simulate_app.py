@@ -14,7 +14,7 @@ from kernelfleet.scheduler.simulator.app import SimulateApp
 from kernelfleet.scheduler.simulator.config import SimulationConfig
 from kernelfleet.scheduler.simulator.report import resolve_policy
 
-from .conftest import FLOOR_FIELDS, POLICY_FIELDS
+from .conftest import FLOOR_FIELDS, HOST_KIND_FIELDS, POLICY_FIELDS
 
 HEADER = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
 
@@ -69,7 +69,7 @@ def test_simulate_writes_exactly_the_documented_json(
         )
         assert assumed["autoscaling"]["min_hosts"] == 4
     for result in document["policies"].values():
-        assert set(result) == POLICY_FIELDS | FLOOR_FIELDS
+        assert set(result) == POLICY_FIELDS | FLOOR_FIELDS | HOST_KIND_FIELDS
         assert set(result["start_delay_s"]) == {"p50", "p95", "p99"}
         assert result["events"] == 4
     printed = capsys.readouterr().out
@@ -244,3 +244,42 @@ def test_training_on_a_trace_too_short_says_so(
     assert exited.value.code == 2
     assert "too short to train on: 51 steps of 60 s" in capsys.readouterr().err
     assert not (tmp_path / "m.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        ("--SimulateApp.spot_price=-1", "host kind parameter spot_price must be >= 0, not -1.0"),
+        (
+            "--SimulateApp.revocation_rate_per_hour=1e9",
+            "host kind parameter revocation_rate_per_hour is 1000000000.0: above 60",
+        ),
+        ("--SimulateApp.on_demand_price=nan", "on_demand_price must be >= 0, not nan"),
+    ],
+)
+def test_absurd_prices_and_rates_exit_2_naming_the_field(
+    small_trace: Path, capsys: pytest.CaptureFixture[str], option: str, says: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run_app("--trace", str(small_trace), option)
+    assert exited.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_a_mixed_fleet_prints_dollars_and_revocations(
+    small_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out.json"
+    run_app(
+        "--trace", str(small_trace), "--policy", "packing", "--SimulateApp.spot_share=0.5",
+        "--SimulateApp.progress=False", "--json", str(out),
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "dollars" in printed
+    assert "kernels lost" in printed
+    document = json.loads(out.read_text(encoding="utf-8"))
+    assert document["assumptions"]["spot_share"] == 0.5
+    assert document["assumptions"]["spot_replicas_max"] == -1
+    packing = document["policies"]["packing"]
+    assert packing["dollars"] > 0
+    assert packing["kernels_lost"] == 0

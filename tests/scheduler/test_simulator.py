@@ -12,7 +12,7 @@ from kernelfleet.scheduler.simulator import SimulationConfig, simulate
 from kernelfleet.scheduler.simulator.metrics import percentile
 from kernelfleet.scheduler.trace import Trace, TraceEvent, recover_sessions
 
-from .conftest import FLOOR_FIELDS, POLICY_FIELDS
+from .conftest import FLOOR_FIELDS, HOST_KIND_FIELDS, POLICY_FIELDS
 
 
 def trace(*events: tuple[int, float, float]) -> Trace:
@@ -156,7 +156,7 @@ def test_cells_larger_than_a_host_are_counted_as_rejected() -> None:
 
 def test_json_has_exactly_the_documented_fields() -> None:
     result = simulate(ONE_SESSION, [NotebookOSPolicy()], FIXED)["notebookos"]
-    assert set(result.as_json()) == POLICY_FIELDS | FLOOR_FIELDS
+    assert set(result.as_json()) == POLICY_FIELDS | FLOOR_FIELDS | HOST_KIND_FIELDS
     assert set(result.as_json()["start_delay_s"]) == {"p50", "p95", "p99"}
 
 
