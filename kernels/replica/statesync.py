@@ -74,6 +74,7 @@ from kernelfleet.kernels.replica.statesync_delta import (
     StateSyncError,
     label_names,
 )
+from kernelfleet.kernels.replica.statesync_fingerprint import FingerprintCache, fingerprint
 from kernelfleet.kernels.replica.statesync_notice import NoticeBoard, likely_unsyncable
 from kernelfleet.kernels.replica.statesync_pickling import (
     Frame,
@@ -104,8 +105,6 @@ INLINE_LIMIT = 64 * 1024
 """Largest value carried inside a Raft entry; anything bigger goes to the object store."""
 INLINE_BUDGET = 192 * 1024
 """Most inline bytes in one delta, so an entry stays well under the ~256 KiB the log accepts."""
-PREHASH_LIMIT = 1024 * 1024
-"""A rebound value bigger than this is not hashed before it is stored (the store hashes it)."""
 REASON_CHARS = 300
 
 IPYTHON_NAMES = frozenset(
@@ -147,7 +146,7 @@ class Delta:
     deleted: list[str] = field(default_factory=list)
     problems: dict[str, str] = field(default_factory=dict)
     definitions: list[str] = field(default_factory=list)
-    _frames: dict[str, Frame] = field(default_factory=dict, repr=False)
+    _fingerprints: dict[str, str] = field(default_factory=dict, repr=False)
     _pending: dict[str, _Synced] = field(default_factory=dict, repr=False)
 
     def __bool__(self) -> bool:
@@ -155,7 +154,7 @@ class Delta:
 
     def names(self) -> set[str]:
         """Every name whose value this delta sends (groups expanded)."""
-        return set(self._frames)
+        return set(self._fingerprints)
 
 
 class NamespaceTracker:
@@ -218,15 +217,20 @@ class NamespaceTracker:
         return self._board.tell((n, self.namespace[n]) for n in names if n in self.namespace)
 
     def diff(self) -> Delta:
-        """What changed since the last `commit` (or `apply`). Pickles; does not store or send.
+        """What changed since the last `commit` (or `apply`). Pickles only what changed (and
+        the names that share objects with it); does not store or send.
 
-        Calling it again without a commit recomputes against the same baseline, so a delta
-        that failed to publish is simply included in the next one.
+        Each value's `fingerprint` is compared with the one last synced; a value reachable
+        from several names is fingerprinted once. Calling it again without a commit
+        recomputes against the same baseline, so a delta that failed to publish is simply
+        included in the next one.
         """
         delta = Delta()
-        frames: dict[str, Frame] = {}
+        fingerprints: dict[str, str] = {}
         changed: list[str] = []
         sharing = _Sharing()
+        cache = FingerprintCache()
+        seen: dict[int, tuple[str, dict[int, Any]]] = {}  # one object under several names
         for name, value in self.tracked_items():
             prev = self._synced.get(name)
             module = _import_name(value)
@@ -237,20 +241,25 @@ class NamespaceTracker:
                 continue
             if prev is not None and prev.pinned is value:
                 continue  # deeply immutable and the same object: unchanged
-            shared: dict[int, Any] = {}
-            try:
-                frame = serialize(value, self.namespace, shared=shared)
-            except Exception as exc:
-                self._problem(delta, name, value, prev, exc)
-                continue
-            frames[name] = frame
+            known = seen.get(id(value))
+            if known is None:
+                shared: dict[int, Any] = {}
+                try:
+                    known = seen[id(value)] = (
+                        fingerprint(value, self.namespace, cache, shared),
+                        shared,
+                    )
+                except Exception as exc:
+                    self._problem(delta, name, value, prev, exc)
+                    continue
+            fingerprints[name], shared = known
             sharing.add(name, shared)
-            if _changed(prev, value, frame):
+            if _changed(prev, fingerprints[name]):
                 changed.append(name)
         tracked = {name for name, _ in self.tracked_items()}
         delta.deleted = [name for name in self._synced if name not in tracked]
-        for names in sharing.groups_of(changed, order=list(frames)):
-            self._send(delta, names, frames)
+        for names in sharing.groups_of(changed, order=list(fingerprints)):
+            self._send(delta, names, fingerprints)
         return delta
 
     def _problem(
@@ -263,15 +272,20 @@ class NamespaceTracker:
         delta.problems[name] = reason
         delta._pending[name] = _Synced("problem", id(value), reason=reason)
 
-    def _send(self, delta: Delta, names: list[str], frames: dict[str, Frame]) -> None:
-        if len(names) == 1:
-            delta.changed[names[0]] = frames[names[0]]
-        else:
-            together = {name: self.namespace[name] for name in names}
-            delta.changed[GROUP_SEPARATOR.join(names)] = serialize(together, self.namespace)
-        for name in names:
-            value = self.namespace[name]
-            delta._frames[name] = frames[name]
+    def _send(self, delta: Delta, names: list[str], fingerprints: dict[str, str]) -> None:
+        """Pickle the changed names `names` (one label: they share objects) into `delta`."""
+        together = {name: self.namespace[name] for name in names}
+        try:
+            if len(names) == 1:
+                delta.changed[names[0]] = serialize(together[names[0]], self.namespace)
+            else:
+                delta.changed[GROUP_SEPARATOR.join(names)] = serialize(together, self.namespace)
+        except Exception as exc:  # the fingerprint pickled, the value did not (an array?)
+            for name in names:
+                self._problem(delta, name, together[name], self._synced.get(name), exc)
+            return
+        for name, value in together.items():
+            delta._fingerprints[name] = fingerprints[name]
             pinned = value if _deeply_immutable(value) else _NOT_PINNED
             delta._pending[name] = _Synced("value", id(value), pinned=pinned)
             if _is_notebook_definition(value):
@@ -285,7 +299,7 @@ class NamespaceTracker:
             if pending.kind == "value" and name in encoded.problems:  # failed while storing
                 pending = _Synced("problem", pending.ident, reason=encoded.problems[name])
             elif pending.kind == "value":
-                pending.digest = delta._frames[name].digest
+                pending.digest = delta._fingerprints[name]
             self._synced[name] = pending
 
     def note_applied(self, encoded: EncodedDelta, report: ApplyReport) -> None:
@@ -300,9 +314,9 @@ class NamespaceTracker:
         for label, payload in encoded.labels():
             names = label_names(label)
             for name in applied.intersection(names):
-                if len(names) > 1:
-                    digest = encoded.digests.get(name)
-                elif isinstance(payload, str):
+                if name in encoded.digests or len(names) > 1:
+                    digest = encoded.digests.get(name)  # the executor's fingerprint
+                elif isinstance(payload, str):  # an entry of an older replica: a frame's sha256
                     digest = payload  # a store key is the frame's sha256
                 else:
                     digest = hashlib.sha256(payload).hexdigest()
@@ -344,12 +358,10 @@ class _Sharing:
         return list(groups.values())
 
 
-def _changed(prev: _Synced | None, value: Any, frame: Frame) -> bool:
+def _changed(prev: _Synced | None, fingerprint: str) -> bool:
     if prev is None or prev.kind != "value" or prev.digest is None:
         return True
-    if prev.ident != id(value) and frame.size > PREHASH_LIMIT:
-        return True  # rebound and large: skip the hash pass, the store computes the key
-    return frame.digest != prev.digest
+    return fingerprint != prev.digest
 
 
 def encode(
@@ -379,8 +391,7 @@ def encode(
     stored = 0
     for label, frame in delta.changed.items():
         names = label_names(label)
-        if len(names) > 1:
-            encoded.digests.update((name, delta._frames[name].digest) for name in names)
+        encoded.digests.update((name, delta._fingerprints[name]) for name in names)
         if label in inline:
             encoded.changed[label] = frame.to_bytes()
             continue
