@@ -2,7 +2,7 @@
 
 After each cell the executor replica runs::
 
-    delta = tracker.diff()                  # what changed since the last sync (pickles here)
+    delta = tracker.diff()                  # what changed since the last sync (pickles it)
     encoded = encode(delta, store)          # small values inline, large ones into the store
     <append encoded.to_dict() to the Raft log>
     tracker.commit(delta, encoded)          # only once the entry is committed
@@ -39,15 +39,15 @@ What syncs, and how:
   The user is told once per name for the tracker's life (`NamespaceTracker.notices`, see
   `kernelfleet.kernels.replica.statesync_notice`).
 
-Change detection (the cost trade-off): NotebookOS re-pickles every global after every cell and
-compares md5s. Here, a value that is *deeply immutable* (int, str, bytes, tuples of those, ...)
-and still the very object last synced is skipped without pickling: identity is proof, and the
-tracker holds a reference so the id cannot be reused. Every other value is re-pickled and its
-frame's sha256 compared, because in-place mutation (``a += 1``, ``model.train_step()``) keeps
-identity and there is no sound cheaper signal. Re-pickling is cheap for arrays and tensors:
-their memory is hashed in place (out-of-band buffers, no copy), ~0.55 s per GB at sha256
-speed with SHA-NI; a large value that was *rebound* is not pre-hashed at all (its store key is
-computed while it is written).
+Change detection: a value that is *deeply immutable* (int, str, bytes, tuples of those, ...)
+and still the very object last synced is skipped: identity is proof, and the tracker holds a
+reference so the id cannot be reused. Every other value's fingerprint
+(`kernelfleet.kernels.replica.statesync_fingerprint`) is compared with the one last synced, because
+in-place mutation (``a += 1``, ``df.loc[...] = ...``, ``model.train_step()``) keeps identity.
+A fingerprint is the value's pickle with each plain numpy array's bytes replaced by their sha256
+(a string column's elements by the digest of their plain pickle): it changes whenever the pickle
+would, at the cost of hashing array memory in place. Only changed values are pickled for real
+(the argument: docs/replication.md, "How a cell's changes are found").
 """
 
 from __future__ import annotations
