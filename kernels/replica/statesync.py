@@ -113,8 +113,8 @@ IPYTHON_NAMES = frozenset(
 )
 _IPYTHON_PATTERN = re.compile(r"_i+\d*|_\d+|__\w*__")
 _IMMUTABLE_TYPES = frozenset(
-    {int, float, complex, bool, str, bytes, type(None), type(Ellipsis), range, slice}
-)
+    {int, float, complex, bool, str, bytes, type(None), type(Ellipsis), range}
+)  # not slice: slice([1], 2) holds a list
 _NOT_PINNED = object()
 
 

@@ -41,7 +41,7 @@ from kernelfleet.kernels.replica.statesync_pickling import (
 __all__ = ["FingerprintCache", "fingerprint"]
 
 _SCALAR_TYPES = frozenset(
-    {str, int, float, complex, bool, bytes, type(None), type(Ellipsis), range, slice}
+    {str, int, float, complex, bool, bytes, type(None), type(Ellipsis), range}
 )
 """Element types that make an object array hashable by its plain pickle: immutable, and never
 pickled by reference to a notebook definition."""

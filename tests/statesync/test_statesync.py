@@ -54,6 +54,10 @@ def test_only_changes_travel(replicas: Replicas) -> None:
     sent = cluster.run(0, "b.append(3)")  # mutated in place, same object
     assert set(sent.changed) == {"b"}
     assert cluster.namespaces[1]["b"] == [1, 2, 3]
+    cluster.run(0, "cut = slice([1], None)")
+    sent = cluster.run(0, "cut.start.append(2)")  # a slice may hold a mutable object
+    assert set(sent.changed) == {"cut"}
+    assert cluster.namespaces[1]["cut"].start == [1, 2]
 
 
 def test_ipython_names_and_startup_names_are_not_synced(replicas: Replicas) -> None:
