@@ -53,7 +53,9 @@ class FingerprintCache:
 
     def __init__(self) -> None:
         self._reduced: dict[int, tuple[Any, tuple[Any, ...] | None]] = {}
-        self._class_state: dict[type, frozenset[int]] = {}
+        self._classes_seen: set[type] = set()
+        self.library_state: set[int] = set()
+        """Ids of the attribute values of the library classes met in this diff."""
         pandas_api = getattr(sys.modules.get("pandas"), "api", None)
         extensions = getattr(pandas_api, "extensions", None)
         self.value_types: tuple[type, ...] = (
@@ -68,16 +70,15 @@ class FingerprintCache:
             self._reduced[id(array)] = known
         return known[1]
 
-    def class_state(self, cls: type) -> frozenset[int]:
-        """Ids of the attribute values of library class `cls` and its bases (see
-        `_collect_shared`); empty for a notebook class, whose attributes travel with it."""
-        known = self._class_state.get(cls)
-        if known is None:
-            known = frozenset()
+    def note_class(self, cls: type) -> None:
+        """Count the attribute values of `cls` and its bases as `library_state`, unless it is
+        a notebook class (its attributes travel with it; a name may be bound to one)."""
+        if cls not in self._classes_seen:
+            self._classes_seen.add(cls)
             if cls.__module__ != "__main__":
-                known = frozenset(id(v) for base in cls.__mro__ for v in vars(base).values())
-            self._class_state[cls] = known
-        return known
+                self.library_state.update(
+                    id(value) for base in cls.__mro__ for value in vars(base).values()
+                )
 
 
 def fingerprint(
@@ -179,11 +180,11 @@ def _collect_shared(
         if kind is types.FunctionType:
             excluded.update(map(id, (obj.__dict__, obj.__annotations__, obj.__kwdefaults__)))
         elif isinstance(obj, type):
-            excluded |= cache.class_state(obj)
+            cache.note_class(obj)
         elif isinstance(obj, list | dict | set | bytearray) or _is_instance_state(obj, cache):
             candidates.append(obj)
     for obj in candidates:
-        if id(obj) not in excluded:
+        if id(obj) not in excluded and id(obj) not in cache.library_state:
             shared[id(obj)] = obj
 
 
