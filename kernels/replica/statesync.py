@@ -310,19 +310,20 @@ class NamespaceTracker:
         for name in report.imported:
             module = encoded.imports[name]
             self._synced[name] = _Synced("import", id(self.namespace[name]), module=module)
-        applied = set(report.applied)
-        for label, payload in encoded.labels():
-            names = label_names(label)
-            for name in applied.intersection(names):
-                if name in encoded.digests or len(names) > 1:
-                    digest = encoded.digests.get(name)  # the executor's fingerprint
-                elif isinstance(payload, str):  # an entry of an older replica: a frame's sha256
-                    digest = payload  # a store key is the frame's sha256
-                else:
-                    digest = hashlib.sha256(payload).hexdigest()
-                value = self.namespace[name]
-                pinned = value if _deeply_immutable(value) else _NOT_PINNED
-                self._synced[name] = _Synced("value", id(value), digest=digest, pinned=pinned)
+        cache = FingerprintCache()
+        for name in report.applied:
+            value = self.namespace[name]
+            digest = encoded.digests.get(name)  # the executor's fingerprint
+            if digest is None:  # left out of a large delta, or an older replica's entry
+                digest = self._own_fingerprint(value, cache)
+            pinned = value if _deeply_immutable(value) else _NOT_PINNED
+            self._synced[name] = _Synced("value", id(value), digest=digest, pinned=pinned)
+
+    def _own_fingerprint(self, value: Any, cache: FingerprintCache) -> str | None:
+        try:
+            return fingerprint(value, self.namespace, cache, {})
+        except Exception:  # pickled on the executor, not here: count it as changed
+            return None
 
 
 class _Sharing:
@@ -377,21 +378,26 @@ def encode(
     stays within `inline_budget` (smallest first); otherwise it is streamed into the store
     chunk by chunk (no joined copy) and only its key is kept. A frame the store refuses
     becomes a problem for its names; the rest still syncs.
+
+    Each sent name's fingerprint goes in ``digests`` too, and counts against `inline_budget`.
+    Those of names sent alone are left out when they would take more than half of it (a cell
+    that binds over ~1,000 names): a follower then fingerprints what it applied itself.
     """
     started = time.monotonic()
     encoded = EncodedDelta(
         imports=dict(delta.imports), deleted=list(delta.deleted), problems=dict(delta.problems)
     )
+    encoded.digests = _digests_to_send(delta, inline_budget)
+    budget = inline_budget - sum(len(name) + DIGEST_BYTES for name in encoded.digests)
     inline: set[str] = set()
     total = 0
     for label, frame in sorted(delta.changed.items(), key=lambda item: item[1].size):
-        if frame.size <= inline_limit and total + frame.size <= inline_budget:
+        if frame.size <= inline_limit and total + frame.size <= budget:
             inline.add(label)
             total += frame.size
     stored = 0
     for label, frame in delta.changed.items():
         names = label_names(label)
-        encoded.digests.update((name, delta._fingerprints[name]) for name in names)
         if label in inline:
             encoded.changed[label] = frame.to_bytes()
             continue
@@ -413,6 +419,21 @@ def encode(
         time.monotonic() - started,
     )
     return encoded
+
+
+DIGEST_BYTES = 64 + 16
+"""What one name's fingerprint adds to a log entry, besides the name: 64 hex digits, framing."""
+
+
+def _digests_to_send(delta: Delta, inline_budget: int) -> dict[str, str]:
+    """The fingerprints a delta carries: every sent name's, or only those of names sent in a
+    group (required: a group's frame has no digest of each name) if all would take more than
+    half of `inline_budget`."""
+    digests = dict(delta._fingerprints)
+    if sum(len(name) + DIGEST_BYTES for name in digests) > inline_budget // 2:
+        grouped = [label for label in delta.changed if GROUP_SEPARATOR in label]
+        digests = {n: digests[n] for label in grouped for n in label_names(label)}
+    return digests
 
 
 def _store_frame(frame: Frame, store: ObjectStore) -> str:

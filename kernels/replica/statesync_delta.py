@@ -48,8 +48,8 @@ class EncodedDelta:
     `imports`: name -> module name; `deleted`: names to remove; `problems`: name -> why it does
     not sync (followers drop their stale copy); `digests`: name -> the executor's fingerprint of
     each sent name (`kernelfleet.kernels.replica.statesync_fingerprint`), so a follower knows
-    exactly what it holds when it executes next. Entries of older replicas carry it only for
-    names sent in a group; a single frame's sha256 stood for it then.
+    exactly what it holds when it executes next. It may be left out for names sent alone (a
+    very large delta, or an older replica's entry): the follower then fingerprints them itself.
     """
 
     changed: dict[str, bytes] = field(default_factory=dict)
