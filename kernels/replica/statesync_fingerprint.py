@@ -48,8 +48,9 @@ pickled by reference to a notebook definition."""
 
 
 class FingerprintCache:
-    """Array digests of one diff by object id (the arrays are kept alive, so ids stay unique).
-    Valid only while no cell runs: build one per `NamespaceTracker.diff`."""
+    """What one diff learnt once for all its values: each array's stand-in reduction by object
+    id (the arrays are kept alive, so ids stay unique), the library classes met, and which
+    dtype types link nothing. Valid only while no cell runs: build one per diff (or apply)."""
 
     def __init__(self) -> None:
         self._reduced: dict[int, tuple[Any, tuple[Any, ...] | None]] = {}
@@ -61,6 +62,10 @@ class FingerprintCache:
         self.value_types: tuple[type, ...] = (
             (*NOT_SHARABLE, extensions.ExtensionDtype) if extensions else NOT_SHARABLE
         )
+
+    def __len__(self) -> int:
+        """How many arrays were reduced (each once, however many names reach it)."""
+        return len(self._reduced)
 
     def reduced(self, array: Any) -> tuple[Any, ...] | None:
         """The stand-in reduction of a plain numpy array, or None to pickle it as usual."""

@@ -106,12 +106,12 @@ def test_an_array_reached_from_several_names_is_hashed_once() -> None:
     shared: dict[int, Any] = {}
     fingerprint({"x": big, "y": big}, {}, cache, shared)
     assert id(big) in shared
-    hashed = len(cache._reduced)
+    hashed = len(cache)
     fingerprint(big, {}, cache, {})
-    assert len(cache._reduced) == hashed
+    assert len(cache) == hashed
     fingerprint(frame, {}, cache, {})
     fingerprint(frame, {}, cache, {})
-    assert len(cache._reduced) > hashed
+    assert len(cache) > hashed
 
 
 def test_frames_with_string_columns_are_not_linked_through_their_dtype(
