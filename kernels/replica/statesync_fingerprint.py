@@ -24,6 +24,7 @@ goes through (`shared`), for `statesync._Sharing`.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import io
 import pickle
@@ -111,19 +112,13 @@ class _FingerprintPickler(NamespacePickler):
         cache: FingerprintCache,
         buffer_digests: list[bytes],
     ) -> None:
-        super().__init__(file, namespace, buffer_callback=self._hash_buffer)
+        # Not a bound method: pickler -> callback -> pickler would be a cycle, which only the
+        # garbage collector frees, keeping each pickler's memo and stream alive until it runs.
+        hash_into = functools.partial(_hash_buffer, buffer_digests)
+        super().__init__(file, namespace, buffer_callback=hash_into)
         self._cache = cache
-        self._buffer_digests = buffer_digests
         numpy = sys.modules.get("numpy")
         self._ndarray: type | None = getattr(numpy, "ndarray", None)
-
-    def _hash_buffer(self, buffer: pickle.PickleBuffer) -> bool:
-        try:
-            raw = buffer.raw()
-        except BufferError:  # not contiguous
-            raw = memoryview(memoryview(buffer).tobytes())
-        self._buffer_digests.append(hashlib.sha256(raw).digest())
-        return False  # out of band: the pickle gets a marker, the digest stands for the bytes
 
     def reducer_override(self, obj: Any) -> Any:
         if self._ndarray is not None and type(obj) is self._ndarray:
@@ -131,6 +126,15 @@ class _FingerprintPickler(NamespacePickler):
             if reduced is not None:
                 return reduced
         return super().reducer_override(obj)
+
+
+def _hash_buffer(digests: list[bytes], buffer: pickle.PickleBuffer) -> bool:
+    try:
+        raw = buffer.raw()
+    except BufferError:  # not contiguous
+        raw = memoryview(memoryview(buffer).tobytes())
+    digests.append(hashlib.sha256(raw).digest())
+    return False  # out of band: the pickle gets a marker, the digest stands for the bytes
 
 
 def _reduce_array(array: Any) -> tuple[Any, ...] | None:

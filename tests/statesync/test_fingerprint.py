@@ -7,6 +7,7 @@ value's pickle changed is in the cell's delta, and the follower ends with equal 
 
 from __future__ import annotations
 
+import gc
 import pickle
 from typing import Any
 
@@ -244,3 +245,22 @@ def real_digests(cluster: Cluster) -> dict[str, str]:
         for name, value in tracker.tracked_items()
         if not isinstance(value, type(pytest))
     }
+
+
+def test_a_diff_leaves_no_garbage_for_the_cycle_collector(replicas: Any) -> None:
+    """Each value's fingerprint must be freed by reference counting: garbage in cycles (a
+    pickler holding a bound method of itself) waits for a full collection, which takes
+    ~100 ms in a namespace holding scikit-learn, inside whichever cell's diff triggers it."""
+    cluster: Cluster = replicas()
+    cluster.run(
+        0,
+        "import numpy as np\nimport pandas as pd\n"
+        "df = pd.DataFrame({'a': np.arange(10), 's': list('abcdefghij')})\nx = np.ones(5)",
+    )
+    gc.collect()
+    gc.disable()
+    try:
+        cluster.trackers[0].diff()
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
