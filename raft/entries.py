@@ -124,9 +124,9 @@ class StateDelta(_Entry):
     `changed` maps names (or comma-joined groups of names that share objects) to small pickled
     values; `pointers` maps them to object-store keys (values too large for the log); `deleted`
     lists removed names; `imports` maps names to module names; `problems` names values that do
-    not sync, and why; `digests` fingerprints names that travelled in a group (see
-    ``kernels.statesync``). `execution_count` is the kernel's count after the cell. Mappings are
-    copied on construction; do not mutate them.
+    not sync, and why; `digests` maps the names sent to the executor's fingerprint of each
+    (see ``kernels.replica.statesync_fingerprint``). `execution_count` is the kernel's count
+    after the cell. Mappings are copied on construction; do not mutate them.
     """
 
     KIND: ClassVar[str] = "state-delta"

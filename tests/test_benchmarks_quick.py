@@ -125,3 +125,31 @@ def test_cell_stages_cover_the_whole_round_trip(tmp_path: Path) -> None:
         stages = cell["stages_ms"].values()
         assert all(ms >= 0 for ms in stages), cell
         assert sum(stages) <= cell["round_trip_ms"] * (1 + 1e-9), cell
+
+
+DIFF_SCRIPT = SCRIPT.with_name("namespace_diff.py")
+
+
+@pytest.mark.timeout(120)
+def test_namespace_diff_times_every_cell_and_sends_only_what_changed(tmp_path: Path) -> None:
+    notebook = new_notebook(
+        cells=[
+            new_code_cell("import numpy as np\nimport pandas as pd"),
+            new_code_cell("df = pd.DataFrame({'n': np.arange(1000), 's': ['k'] * 1000})"),
+            new_code_cell("other = [1, 2]"),
+            new_code_cell("df.loc[3, 's'] = 'changed'"),
+            new_code_cell("df.dtypes"),
+        ]
+    )
+    path = tmp_path / "small.ipynb"
+    nbformat.write(notebook, path)
+    out = tmp_path / "diff.json"
+    command = [sys.executable, str(DIFF_SCRIPT), "--notebook", str(path), "--json", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=100)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    print(result.stdout)
+    summary = json.loads(out.read_text())
+    assert [cell["sent"] for cell in summary["cells"]] == [[], ["df"], ["other"], ["df"], []]
+    assert all(cell["diff_ms"] > 0 and cell["encode_ms"] > 0 for cell in summary["cells"])
+    assert summary["sent_bytes"] == sum(cell["sent_bytes"] for cell in summary["cells"]) > 0
+    assert "sum" in result.stdout

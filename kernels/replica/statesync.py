@@ -2,7 +2,7 @@
 
 After each cell the executor replica runs::
 
-    delta = tracker.diff()                  # what changed since the last sync (pickles here)
+    delta = tracker.diff()                  # what changed since the last sync (pickles it)
     encoded = encode(delta, store)          # small values inline, large ones into the store
     <append encoded.to_dict() to the Raft log>
     tracker.commit(delta, encoded)          # only once the entry is committed
@@ -39,15 +39,15 @@ What syncs, and how:
   The user is told once per name for the tracker's life (`NamespaceTracker.notices`, see
   `kernelfleet.kernels.replica.statesync_notice`).
 
-Change detection (the cost trade-off): NotebookOS re-pickles every global after every cell and
-compares md5s. Here, a value that is *deeply immutable* (int, str, bytes, tuples of those, ...)
-and still the very object last synced is skipped without pickling: identity is proof, and the
-tracker holds a reference so the id cannot be reused. Every other value is re-pickled and its
-frame's sha256 compared, because in-place mutation (``a += 1``, ``model.train_step()``) keeps
-identity and there is no sound cheaper signal. Re-pickling is cheap for arrays and tensors:
-their memory is hashed in place (out-of-band buffers, no copy), ~0.55 s per GB at sha256
-speed with SHA-NI; a large value that was *rebound* is not pre-hashed at all (its store key is
-computed while it is written).
+Change detection: a value that is *deeply immutable* (int, str, bytes, tuples of those, ...)
+and still the very object last synced is skipped: identity is proof, and the tracker holds a
+reference so the id cannot be reused. Every other value's fingerprint
+(`kernelfleet.kernels.replica.statesync_fingerprint`) is compared with the one last synced, because
+in-place mutation (``a += 1``, ``df.loc[...] = ...``, ``model.train_step()``) keeps identity.
+A fingerprint is the value's pickle with each plain numpy array's bytes replaced by their sha256
+(a string column's elements by the digest of their plain pickle): it changes whenever the pickle
+would, at the cost of hashing array memory in place. Only changed values are pickled for real
+(the argument: docs/replication.md, "How a cell's changes are found").
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ from kernelfleet.kernels.replica.statesync_delta import (
     StateSyncError,
     label_names,
 )
+from kernelfleet.kernels.replica.statesync_fingerprint import FingerprintCache, fingerprint
 from kernelfleet.kernels.replica.statesync_notice import NoticeBoard, likely_unsyncable
 from kernelfleet.kernels.replica.statesync_pickling import (
     Frame,
@@ -104,8 +105,6 @@ INLINE_LIMIT = 64 * 1024
 """Largest value carried inside a Raft entry; anything bigger goes to the object store."""
 INLINE_BUDGET = 192 * 1024
 """Most inline bytes in one delta, so an entry stays well under the ~256 KiB the log accepts."""
-PREHASH_LIMIT = 1024 * 1024
-"""A rebound value bigger than this is not hashed before it is stored (the store hashes it)."""
 REASON_CHARS = 300
 
 IPYTHON_NAMES = frozenset(
@@ -114,8 +113,8 @@ IPYTHON_NAMES = frozenset(
 )
 _IPYTHON_PATTERN = re.compile(r"_i+\d*|_\d+|__\w*__")
 _IMMUTABLE_TYPES = frozenset(
-    {int, float, complex, bool, str, bytes, type(None), type(Ellipsis), range, slice}
-)
+    {int, float, complex, bool, str, bytes, type(None), type(Ellipsis), range}
+)  # not slice: slice([1], 2) holds a list
 _NOT_PINNED = object()
 
 
@@ -147,7 +146,7 @@ class Delta:
     deleted: list[str] = field(default_factory=list)
     problems: dict[str, str] = field(default_factory=dict)
     definitions: list[str] = field(default_factory=list)
-    _frames: dict[str, Frame] = field(default_factory=dict, repr=False)
+    _fingerprints: dict[str, str] = field(default_factory=dict, repr=False)
     _pending: dict[str, _Synced] = field(default_factory=dict, repr=False)
 
     def __bool__(self) -> bool:
@@ -155,7 +154,7 @@ class Delta:
 
     def names(self) -> set[str]:
         """Every name whose value this delta sends (groups expanded)."""
-        return set(self._frames)
+        return set(self._fingerprints)
 
 
 class NamespaceTracker:
@@ -218,15 +217,20 @@ class NamespaceTracker:
         return self._board.tell((n, self.namespace[n]) for n in names if n in self.namespace)
 
     def diff(self) -> Delta:
-        """What changed since the last `commit` (or `apply`). Pickles; does not store or send.
+        """What changed since the last `commit` (or `apply`). Pickles only what changed (and
+        the names that share objects with it); does not store or send.
 
-        Calling it again without a commit recomputes against the same baseline, so a delta
-        that failed to publish is simply included in the next one.
+        Each value's `fingerprint` is compared with the one last synced; a value reachable
+        from several names is fingerprinted once. Calling it again without a commit
+        recomputes against the same baseline, so a delta that failed to publish is simply
+        included in the next one.
         """
         delta = Delta()
-        frames: dict[str, Frame] = {}
+        fingerprints: dict[str, str] = {}
         changed: list[str] = []
         sharing = _Sharing()
+        cache = FingerprintCache()
+        seen: dict[int, tuple[str, dict[int, Any]]] = {}  # one object under several names
         for name, value in self.tracked_items():
             prev = self._synced.get(name)
             module = _import_name(value)
@@ -237,20 +241,25 @@ class NamespaceTracker:
                 continue
             if prev is not None and prev.pinned is value:
                 continue  # deeply immutable and the same object: unchanged
-            shared: dict[int, Any] = {}
-            try:
-                frame = serialize(value, self.namespace, shared=shared)
-            except Exception as exc:
-                self._problem(delta, name, value, prev, exc)
-                continue
-            frames[name] = frame
+            known = seen.get(id(value))
+            if known is None:
+                shared: dict[int, Any] = {}
+                try:
+                    known = seen[id(value)] = (
+                        fingerprint(value, self.namespace, cache, shared),
+                        shared,
+                    )
+                except Exception as exc:
+                    self._problem(delta, name, value, prev, exc)
+                    continue
+            fingerprints[name], shared = known
             sharing.add(name, shared)
-            if _changed(prev, value, frame):
+            if _changed(prev, fingerprints[name]):
                 changed.append(name)
         tracked = {name for name, _ in self.tracked_items()}
         delta.deleted = [name for name in self._synced if name not in tracked]
-        for names in sharing.groups_of(changed, order=list(frames)):
-            self._send(delta, names, frames)
+        for names in sharing.groups_of(changed, order=list(fingerprints)):
+            self._send(delta, names, fingerprints)
         return delta
 
     def _problem(
@@ -263,15 +272,20 @@ class NamespaceTracker:
         delta.problems[name] = reason
         delta._pending[name] = _Synced("problem", id(value), reason=reason)
 
-    def _send(self, delta: Delta, names: list[str], frames: dict[str, Frame]) -> None:
-        if len(names) == 1:
-            delta.changed[names[0]] = frames[names[0]]
-        else:
-            together = {name: self.namespace[name] for name in names}
-            delta.changed[GROUP_SEPARATOR.join(names)] = serialize(together, self.namespace)
-        for name in names:
-            value = self.namespace[name]
-            delta._frames[name] = frames[name]
+    def _send(self, delta: Delta, names: list[str], fingerprints: dict[str, str]) -> None:
+        """Pickle the changed names `names` (one label: they share objects) into `delta`."""
+        together = {name: self.namespace[name] for name in names}
+        try:
+            if len(names) == 1:
+                delta.changed[names[0]] = serialize(together[names[0]], self.namespace)
+            else:
+                delta.changed[GROUP_SEPARATOR.join(names)] = serialize(together, self.namespace)
+        except Exception as exc:  # the fingerprint pickled, the value did not (an array?)
+            for name in names:
+                self._problem(delta, name, together[name], self._synced.get(name), exc)
+            return
+        for name, value in together.items():
+            delta._fingerprints[name] = fingerprints[name]
             pinned = value if _deeply_immutable(value) else _NOT_PINNED
             delta._pending[name] = _Synced("value", id(value), pinned=pinned)
             if _is_notebook_definition(value):
@@ -285,7 +299,7 @@ class NamespaceTracker:
             if pending.kind == "value" and name in encoded.problems:  # failed while storing
                 pending = _Synced("problem", pending.ident, reason=encoded.problems[name])
             elif pending.kind == "value":
-                pending.digest = delta._frames[name].digest
+                pending.digest = delta._fingerprints[name]
             self._synced[name] = pending
 
     def note_applied(self, encoded: EncodedDelta, report: ApplyReport) -> None:
@@ -296,19 +310,20 @@ class NamespaceTracker:
         for name in report.imported:
             module = encoded.imports[name]
             self._synced[name] = _Synced("import", id(self.namespace[name]), module=module)
-        applied = set(report.applied)
-        for label, payload in encoded.labels():
-            names = label_names(label)
-            for name in applied.intersection(names):
-                if len(names) > 1:
-                    digest = encoded.digests.get(name)
-                elif isinstance(payload, str):
-                    digest = payload  # a store key is the frame's sha256
-                else:
-                    digest = hashlib.sha256(payload).hexdigest()
-                value = self.namespace[name]
-                pinned = value if _deeply_immutable(value) else _NOT_PINNED
-                self._synced[name] = _Synced("value", id(value), digest=digest, pinned=pinned)
+        cache = FingerprintCache()
+        for name in report.applied:
+            value = self.namespace[name]
+            digest = encoded.digests.get(name)  # the executor's fingerprint
+            if digest is None:  # left out of a large delta, or an older replica's entry
+                digest = self._own_fingerprint(value, cache)
+            pinned = value if _deeply_immutable(value) else _NOT_PINNED
+            self._synced[name] = _Synced("value", id(value), digest=digest, pinned=pinned)
+
+    def _own_fingerprint(self, value: Any, cache: FingerprintCache) -> str | None:
+        try:
+            return fingerprint(value, self.namespace, cache, {})
+        except Exception:  # pickled on the executor, not here: count it as changed
+            return None
 
 
 class _Sharing:
@@ -344,12 +359,10 @@ class _Sharing:
         return list(groups.values())
 
 
-def _changed(prev: _Synced | None, value: Any, frame: Frame) -> bool:
+def _changed(prev: _Synced | None, fingerprint: str) -> bool:
     if prev is None or prev.kind != "value" or prev.digest is None:
         return True
-    if prev.ident != id(value) and frame.size > PREHASH_LIMIT:
-        return True  # rebound and large: skip the hash pass, the store computes the key
-    return frame.digest != prev.digest
+    return fingerprint != prev.digest
 
 
 def encode(
@@ -365,22 +378,26 @@ def encode(
     stays within `inline_budget` (smallest first); otherwise it is streamed into the store
     chunk by chunk (no joined copy) and only its key is kept. A frame the store refuses
     becomes a problem for its names; the rest still syncs.
+
+    Each sent name's fingerprint goes in ``digests`` too, and counts against `inline_budget`.
+    Those of names sent alone are left out when they would take more than half of it (a cell
+    that binds over ~1,000 names): a follower then fingerprints what it applied itself.
     """
     started = time.monotonic()
     encoded = EncodedDelta(
         imports=dict(delta.imports), deleted=list(delta.deleted), problems=dict(delta.problems)
     )
+    encoded.digests = _digests_to_send(delta, inline_budget)
+    budget = inline_budget - sum(len(name) + DIGEST_BYTES for name in encoded.digests)
     inline: set[str] = set()
     total = 0
     for label, frame in sorted(delta.changed.items(), key=lambda item: item[1].size):
-        if frame.size <= inline_limit and total + frame.size <= inline_budget:
+        if frame.size <= inline_limit and total + frame.size <= budget:
             inline.add(label)
             total += frame.size
     stored = 0
     for label, frame in delta.changed.items():
         names = label_names(label)
-        if len(names) > 1:
-            encoded.digests.update((name, delta._frames[name].digest) for name in names)
         if label in inline:
             encoded.changed[label] = frame.to_bytes()
             continue
@@ -402,6 +419,21 @@ def encode(
         time.monotonic() - started,
     )
     return encoded
+
+
+DIGEST_BYTES = 64 + 16
+"""What one name's fingerprint adds to a log entry, besides the name: 64 hex digits, framing."""
+
+
+def _digests_to_send(delta: Delta, inline_budget: int) -> dict[str, str]:
+    """The fingerprints a delta carries: every sent name's, or only those of names sent in a
+    group (required: a group's frame has no digest of each name) if all would take more than
+    half of `inline_budget`."""
+    digests = dict(delta._fingerprints)
+    if sum(len(name) + DIGEST_BYTES for name in digests) > inline_budget // 2:
+        grouped = [label for label in delta.changed if GROUP_SEPARATOR in label]
+        digests = {n: digests[n] for label in grouped for n in label_names(label)}
+    return digests
 
 
 def _store_frame(frame: Frame, store: ObjectStore) -> str:

@@ -46,9 +46,10 @@ class EncodedDelta:
 
     `changed`: label -> frame bytes (small values); `pointers`: label -> object-store key;
     `imports`: name -> module name; `deleted`: names to remove; `problems`: name -> why it does
-    not sync (followers drop their stale copy); `digests`: name -> the fingerprint of a name
-    that travelled in a group (single frames' fingerprint is their own sha256), so a follower
-    knows exactly what it holds when it executes next.
+    not sync (followers drop their stale copy); `digests`: name -> the executor's fingerprint of
+    each sent name (`kernelfleet.kernels.replica.statesync_fingerprint`), so a follower knows
+    exactly what it holds when it executes next. It may be left out for names sent alone (a
+    very large delta, or an older replica's entry): the follower then fingerprints them itself.
     """
 
     changed: dict[str, bytes] = field(default_factory=dict)

@@ -37,7 +37,6 @@ cell mutates the namespace (a frame holds live views of the values' memory).
 
 from __future__ import annotations
 
-import enum
 import functools
 import hashlib
 import io
@@ -108,14 +107,14 @@ class Frame:
         self._digest = digest
 
 
-class _NamespaceRef:
+class NamespaceRef:
     """Stands for "the user namespace of whoever unpickles this" inside a pickle."""
 
     def __reduce__(self) -> tuple[Any, tuple[()]]:
         return (user_namespace, ())
 
 
-_NAMESPACE_REF = _NamespaceRef()
+_NAMESPACE_REF = NamespaceRef()
 
 
 def user_namespace() -> Namespace:
@@ -279,66 +278,14 @@ def _make_tracked_class(maker: Any, namespace: Namespace, *args: Any) -> Any:
     return new_class
 
 
-def serialize(
-    value: Any,
-    namespace: Namespace,
-    *,
-    canonical: bool = False,
-    shared: dict[int, Any] | None = None,
-) -> Frame:
-    """Pickle `value` (a member of `namespace`) into a `Frame`; raises what pickling raises.
-
-    With `shared`, the mutable objects the pickle went through (lists, dicts, sets, arrays,
-    tensors, instances) are added to it by id: two names whose pickles share one of them
-    refer to the same object, and must travel in one pickle to stay aliased on followers.
-    """
+def serialize(value: Any, namespace: Namespace, *, canonical: bool = False) -> Frame:
+    """Pickle `value` (a member of `namespace`) into a `Frame`; raises what pickling raises."""
     picklebuffers: list[pickle.PickleBuffer] = []
     stream = io.BytesIO()
     pickler_class = CanonicalPickler if canonical else NamespacePickler
     pickler = pickler_class(stream, namespace, buffer_callback=picklebuffers.append)
     pickler.dump(value)
-    if shared is not None:
-        memo = [obj for _index, obj in pickler.memo.copy().values()]
-        definitions = {id(part) for obj in memo for part in _definition_parts(obj)}
-        for obj in memo:
-            if id(obj) not in definitions and _mutable_and_sharable(obj):
-                shared[id(obj)] = obj
     return Frame(stream.getvalue(), tuple(_raw(pb) for pb in picklebuffers))
-
-
-_NOT_SHARABLE = (
-    type,
-    types.ModuleType,
-    types.FunctionType,
-    types.BuiltinFunctionType,
-    types.MethodType,
-    staticmethod,
-    classmethod,
-    property,
-    enum.Enum,
-    _NamespaceRef,
-)
-
-
-def _definition_parts(obj: Any) -> tuple[Any, ...]:
-    """Dicts that belong to a function's definition: every pickle of an instance of a
-    notebook class goes through its methods' ones, which must not link the instances."""
-    if isinstance(obj, types.FunctionType):
-        return (obj.__dict__, obj.__annotations__, obj.__kwdefaults__)
-    return ()
-
-
-def _mutable_and_sharable(obj: Any) -> bool:
-    """Whether aliasing of `obj` between names matters: containers, arrays, instances.
-    Not singletons pickled by reference (dtypes, enum members, classes, functions)."""
-    if isinstance(obj, list | dict | set | bytearray):
-        return True
-    if isinstance(obj, _NOT_SHARABLE):
-        return False
-    kind = type(obj)
-    if kind.__name__ == "ndarray" and kind.__module__ == "numpy":
-        return True
-    return hasattr(obj, "__dict__")
 
 
 def _raw(picklebuffer: pickle.PickleBuffer) -> memoryview:

@@ -54,6 +54,10 @@ def test_only_changes_travel(replicas: Replicas) -> None:
     sent = cluster.run(0, "b.append(3)")  # mutated in place, same object
     assert set(sent.changed) == {"b"}
     assert cluster.namespaces[1]["b"] == [1, 2, 3]
+    cluster.run(0, "cut = slice([1], None)")
+    sent = cluster.run(0, "cut.start.append(2)")  # a slice may hold a mutable object
+    assert set(sent.changed) == {"cut"}
+    assert cluster.namespaces[1]["cut"].start == [1, 2]
 
 
 def test_ipython_names_and_startup_names_are_not_synced(replicas: Replicas) -> None:
@@ -225,6 +229,18 @@ def test_a_delta_stays_small_enough_for_one_log_entry(replicas: Replicas) -> Non
     assert 0 < len(sent.changed) < 12  # some of the 51 KB values inline, the rest spilled
     assert len(pickle.dumps(sent.to_dict())) < 256 * 1024
     assert all(cluster.namespaces[1][f"v{i}"] == bytes(range(256)) * 200 for i in range(12))
+
+
+def test_a_delta_of_thousands_of_names_stays_within_one_log_entry(replicas: Replicas) -> None:
+    cluster = replicas(3)
+    sent = cluster.run(0, "for i in range(3000):\n    globals()[f'value_{i:04d}'] = [i] * 8")
+    assert len(sent.names()) == 3001  # and i
+    assert len(pickle.dumps(sent.to_dict())) < 256 * 1024
+    assert not sent.digests  # left out: they alone would take half the entry
+    assert cluster.namespaces[2]["value_2999"] == [2999] * 8
+    few = cluster.run(1, "value_0001.append(0)")
+    assert set(few.digests) == {"value_0001"}
+    assert not cluster.trackers[2].diff()  # what replica 2 applied with a digest is its baseline
 
 
 def test_a_100_mb_array_is_stored_without_copies_and_arrives_equal(
