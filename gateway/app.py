@@ -515,6 +515,7 @@ class GatewayApp(Application):
             with contextlib.suppress(asyncio.CancelledError):
                 await scaling
         await self.kernels.pool.close()
+        await self.kernels.stopped()  # kernels shut down before: their replicas' stops end
         if self.stop_kernels_on_exit:
             await self.kernels.shutdown_all()
         else:
