@@ -123,7 +123,14 @@ class KernelPool:
         is then cold). A group found dead or failing its bind is stopped and the next one
         tried. The pool is refilled in the background."""
         while self._ready:
-            kernel, ready_since = self._ready.pop(0)
+            kernel, ready_since = self._ready[0]
+            small = self._too_small(kernel, start.gpus)
+            if small is not None:
+                log.info(
+                    "kernel start: the pooled group does not fit it (%s), so it starts cold", small
+                )
+                return None  # the group stays for a start it fits
+            self._ready.pop(0)
             self._changed()
             why = self._loss(kernel, ready_since)
             if why is None:
@@ -141,6 +148,16 @@ class KernelPool:
                 self._launcher.subscribe(kernel, replica)  # its GPU need, from now on
             return kernel
         log.info("kernel start: the pool is empty, so it starts cold")
+        return None
+
+    def _too_small(self, kernel: KernelRecord, gpus: int) -> str | None:
+        """Why pooled `kernel`'s hosts cannot run a cell of `gpus` GPUs (None: they can; a cold
+        start is placed where it fits, or refused if it never does)."""
+        for replica in kernel.replicas:
+            with contextlib.suppress(NotFound):
+                host = self._hosts.get(replica.host_id)
+                if len(host.gpus) < gpus:
+                    return f"{host.id} has {len(host.gpus)} GPU(s), the kernel wants {gpus}"
         return None
 
     async def _bind(self, kernel: KernelRecord, env: dict[str, str]) -> None:

@@ -187,6 +187,18 @@ async def test_pooled_kernels_keep_users_and_tokens_of_their_own(pooled):
         fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 
+def test_a_start_wanting_more_gpus_than_a_host_has_is_refused_as_before(pooled):
+    fleet = pooled
+    wait_pool_full(fleet)
+    held = set(pooled_replicas(fleet))
+    status, body = fleet.request(
+        "POST", "/api/kernels", {"name": "python3", "env": {"KERNEL_GPUS": "2"}}
+    )
+    assert status == 400, body
+    assert "GPU" in body["message"]
+    assert set(pooled_replicas(fleet)) == held, "no pooled group was used up"
+
+
 def test_a_pooled_groups_token_is_refused_until_a_start_takes_it(pooled):
     fleet = pooled
     wait_pool_full(fleet)
