@@ -180,7 +180,8 @@ class KernelPool:
             return
         while not self._closed:
             self._check_health()
-            self._refill()
+            if any(host.takes_work for host in self._hosts.all()):  # none yet: nothing to say
+                self._refill()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), REFILL_RETRY)
@@ -266,7 +267,10 @@ class KernelPool:
 
     def _give_up(self, kernel: KernelRecord, why: str) -> None:
         """Stop a pooled group (in the background); the refill replaces it."""
-        log.info("pooled group %s given up and replaced: %s", kernel.id, why)
+        if self._closed:
+            log.info("pooled group %s stopped: %s", kernel.id, why)
+        else:
+            log.info("pooled group %s given up and replaced: %s", kernel.id, why)
         if kernel.link is not None:
             kernel.link.close(why)
         task = asyncio.ensure_future(self._launcher.stop(kernel, kernel.replicas))
@@ -289,6 +293,6 @@ class KernelPool:
         self._closed = True
         await asyncio.gather(*self._filling.values(), return_exceptions=True)  # they give up
         while self._ready:
-            self._give_up(self._ready.pop()[0], "the gateway stops")
+            self._give_up(self._ready.pop()[0], "the gateway stops")  # logged as stopped
         self._changed()
         await asyncio.gather(*self._stopping, return_exceptions=True)

@@ -3,6 +3,7 @@ test_kernel_pool.py): which starts it serves, and a pool that cannot be refilled
 
 import asyncio
 import logging
+from types import SimpleNamespace
 
 import pytest
 
@@ -21,8 +22,15 @@ class NoRoom:
         raise NoCapacity("no 3 hosts take work (1 alive)")
 
 
+class OneHost:
+    """A registry of one host, alive, which takes work."""
+
+    def all(self):
+        return [SimpleNamespace(id="host-1", takes_work=True)]
+
+
 def pool(size=1):
-    return KernelPool(size, "python3", LAUNCH, NoRoom(), None, None, None, FleetMetrics())
+    return KernelPool(size, "python3", LAUNCH, NoRoom(), None, OneHost(), None, FleetMetrics())
 
 
 def start(env=None, launch=LAUNCH, gpus=0):
@@ -65,3 +73,19 @@ async def test_a_pool_that_cannot_be_refilled_logs_why_once_and_starts_cold(capl
     ]
     assert await warm.take(start()) is None
     assert "the pool is empty, so it starts cold" in caplog.text
+
+
+async def test_a_pool_waits_quietly_for_the_first_host(caplog):
+    caplog.set_level(logging.INFO, "kernelfleet.gateway.pool")
+    warm = KernelPool(1, "python3", LAUNCH, NoRoom(), None, NoHost(), None, FleetMetrics())
+    refill = asyncio.ensure_future(warm.run())
+    await asyncio.sleep(0.05)
+    refill.cancel()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+class NoHost:
+    """A registry before any agent registered."""
+
+    def all(self):
+        return []
