@@ -36,6 +36,7 @@ import contextlib
 import logging
 import time
 import uuid
+from datetime import UTC, datetime
 
 import zmq.asyncio
 
@@ -144,6 +145,7 @@ class KernelPool:
             kernel.name, kernel.env, kernel.gpus = start.name, start.env, start.gpus
             kernel.notebook_path, kernel.user = start.notebook_path, start.user
             kernel.started_from_pool = True
+            kernel.last_activity = datetime.now(UTC)  # not the pool's: a culler would take it
             for replica in kernel.replicas:
                 self._launcher.subscribe(kernel, replica)  # its GPU need, from now on
             return kernel

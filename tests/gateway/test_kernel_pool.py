@@ -11,6 +11,7 @@ import re
 import signal
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -80,11 +81,13 @@ async def test_a_start_takes_a_pooled_group_binds_it_and_the_pool_refills(pooled
     held = set(pooled_replicas(fleet))
     before = starts(fleet, "pool")
     env = {"KERNEL_WORKING_DIR": str(shared_folder), "KERNEL_USERNAME": "alice"}
+    asked = time.time()
     kernel_id = fleet.start_kernel(env=env)
     assert kernel_id in held, "the kernel is the pooled group, under the id it was started with"
     view = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")
     assert view["started_from_pool"] is True
     assert view["user"] == "alice"
+    assert view["last_activity"] >= asked, "active since its start, not since its launch"
     assert starts(fleet, "pool") == before + 1
 
     client = await fleet.connect(kernel_id)
