@@ -386,6 +386,7 @@ class GatewayApp(Application):
             kernel_tokens=KernelTokens(self.token),
             events=self.events,
             pool_size=self.kernel_pool_size,
+            pool_file=Path(self.state_dir) / "pool.json",
         )
         self.kernels.metrics.registry.on_collect(self._collect_gpu_metrics)
         self.gpu_settings = GpuSettingsService(self.kernels, self.hosts)

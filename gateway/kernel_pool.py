@@ -27,6 +27,12 @@ starts take the groups ready, the rest start cold.
 and replaced without any start seeing it; one that fails its bind is stopped and the start
 tries the next. When no group can be placed (no capacity) or launched, the reason is logged
 once (again when it changes) and the refill is tried again every `REFILL_RETRY` seconds.
+
+**Nothing left behind.** A gateway that stops stops its pooled groups. Their kernel ids are
+also kept in ``<state dir>/pool.json`` (0600) while they live, so that a gateway killed
+outright leaves none running: the next one stops, for `LEFTOVER_WINDOW` seconds after it
+starts, every replica its hosts report under one of those ids (no kernel of the gateway's
+has such an id: a start takes a group out of the file as it takes it from the pool).
 """
 
 from __future__ import annotations
@@ -37,16 +43,23 @@ import logging
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 import zmq.asyncio
 
 from kernelfleet.errors import FleetError, NotFound
 from kernelfleet.gateway.admission import Admission
-from kernelfleet.gateway.hosts import HostRegistry
+from kernelfleet.gateway.hosts import HostRecord, HostRegistry
 from kernelfleet.gateway.launcher import ReplicaLauncher
 from kernelfleet.gateway.metrics import FleetMetrics
 from kernelfleet.gateway.records import KernelRecord, ReplicaRecord
 from kernelfleet.gateway.replication import send_request
+from kernelfleet.gateway.store import (
+    FORMAT_VERSION,
+    StateUnreadable,
+    read_json_list,
+    write_json_atomically,
+)
 from kernelfleet.protocol import BindContent, Request
 
 log = logging.getLogger("kernelfleet.gateway.pool")
@@ -59,6 +72,9 @@ BIND_TIMEOUT = 5.0
 REPORT_GRACE = 5.0
 """Seconds after a group was ready during which a host report that does not list one of its
 replicas yet (sent before the launch ended) is not taken for a loss."""
+LEFTOVER_WINDOW = 60.0
+"""Seconds after a gateway starts during which it stops the replicas of a previous gateway's
+pooled groups as their hosts report them (hosts re-register within a few heartbeats)."""
 _RUNNING = ("starting", "ready")
 
 
@@ -75,8 +91,14 @@ class KernelPool:
         hosts: HostRegistry,
         context: zmq.asyncio.Context,
         metrics: FleetMetrics,
+        state_file: Path | None = None,
     ) -> None:
         self.size = size
+        self._file = state_file
+        """Where the ids of the groups it holds are kept (None: nowhere)."""
+        self._leftovers = self._load()
+        """Kernel ids of a previous gateway's pooled groups, whose replicas are stopped."""
+        self._leftovers_stopped: set[str] = set()
         self._name = name
         self._launch = launch
         """(the kernelspec hosts launch, replicas) of the groups it holds."""
@@ -177,13 +199,18 @@ class KernelPool:
     # ---- keeping it full -------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Keep the pool full and its groups alive, until cancelled (then `close`)."""
-        if self.size <= 0:
-            return
+        """Keep the pool full and its groups alive, until cancelled (then `close`); and stop
+        what a previous gateway's pool left (see the module docstring)."""
+        leftovers_until = time.monotonic() + LEFTOVER_WINDOW
         while not self._closed:
-            self._check_health()
-            if any(host.takes_work for host in self._hosts.all()):  # none yet: nothing to say
-                self._refill()
+            if self._leftovers:
+                self._stop_leftovers(done=time.monotonic() > leftovers_until)
+            elif self.size <= 0:
+                return
+            if self.size > 0:
+                self._check_health()
+                if any(host.takes_work for host in self._hosts.all()):  # none: nothing to say
+                    self._refill()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), REFILL_RETRY)
@@ -198,6 +225,7 @@ class KernelPool:
                 return
             task = asyncio.ensure_future(self._fill(kernel, placement.host_ids))
             self._filling[kernel.id] = task
+            self._save()
 
     def _new_kernel(self) -> KernelRecord:
         """A kernel of its own for a new group: a fresh random id, the pool's launch, no GPU."""
@@ -222,6 +250,7 @@ class KernelPool:
             return
         finally:
             self._filling.pop(kernel.id, None)
+            self._save()
         if self._closed:
             self._give_up(kernel, "the pool is closing")
             return
@@ -287,7 +316,64 @@ class KernelPool:
 
     def _changed(self) -> None:
         self._metrics.pool_ready.set(len(self._ready))
+        self._save()
         self._wake.set()
+
+    # ---- what a previous gateway left --------------------------------------------------------
+
+    def _load(self) -> set[str]:
+        if self._file is None:
+            return set()
+        try:
+            ids = read_json_list(self._file, "pooled")
+        except StateUnreadable as e:
+            log.warning("%s: a previous gateway's pooled groups, if any, are not stopped", e)
+            return set()
+        return {kernel_id for kernel_id in ids if isinstance(kernel_id, str)}
+
+    def _save(self) -> None:
+        if self._file is None:
+            return
+        pooled = sorted(self.ids() | self._leftovers)
+        if not pooled and not self._file.exists():
+            return  # nothing to keep, and nothing kept before
+        try:
+            write_json_atomically(self._file, {"version": FORMAT_VERSION, "pooled": pooled})
+        except OSError as e:
+            log.error("cannot write %s: %s", self._file, e)
+
+    def _stop_leftovers(self, done: bool) -> None:
+        """Stop the replicas the hosts report under a previous gateway's pooled ids; `done`:
+        the window is over, forget those ids."""
+        for host in self._hosts.all():
+            if not host.alive:
+                continue
+            for model in host.replicas:
+                replica_id = model.get("id")
+                if (
+                    model.get("kernel_id") in self._leftovers
+                    and model.get("state") in _RUNNING
+                    and isinstance(replica_id, str)
+                    and replica_id not in self._leftovers_stopped
+                ):
+                    self._leftovers_stopped.add(replica_id)
+                    log.warning(
+                        "stopping replica %s on %s: it is of pooled group %s, which a previous "
+                        "gateway left", replica_id, host.id, model.get("kernel_id"),
+                    )  # fmt: skip
+                    task = asyncio.ensure_future(self._stop_leftover(host, replica_id))
+                    self._stopping.add(task)
+                    task.add_done_callback(self._stopping.discard)
+        if done:
+            self._leftovers.clear()
+            self._save()
+
+    @staticmethod
+    async def _stop_leftover(host: HostRecord, replica_id: str) -> None:
+        try:
+            await host.client.stop_replica(replica_id)
+        except FleetError as e:
+            log.error("could not stop replica %s on %s: %s", replica_id, host.id, e)
 
     async def close(self) -> None:
         """Stop every pooled group (they belong to no kernel, so no later gateway adopts
@@ -298,3 +384,5 @@ class KernelPool:
             self._give_up(self._ready.pop()[0], "the gateway stops")  # logged as stopped
         self._changed()
         await asyncio.gather(*self._stopping, return_exceptions=True)
+        self._leftovers.clear()
+        self._save()

@@ -25,6 +25,7 @@ import functools
 import logging
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import zmq.asyncio
@@ -92,6 +93,7 @@ class KernelService:
         kernel_tokens: KernelTokens | None = None,
         events: EventBus | None = None,
         pool_size: int = 0,
+        pool_file: Path | None = None,
     ) -> None:
         self._hosts = hosts
         self._policy = policy
@@ -130,7 +132,7 @@ class KernelService:
         default = kernelspecs.resolve(None)
         self.pool = KernelPool(
             pool_size, default, self._replication.plan(kernelspecs.launch(default).base),
-            self._admission, self._launcher, hosts, self._context, self.metrics,
+            self._admission, self._launcher, hosts, self._context, self.metrics, pool_file,
         )  # fmt: skip
         """Groups of the default kernelspec started ahead of kernel starts (`run` keeps it
         full once the app starts it; `close` stops them)."""

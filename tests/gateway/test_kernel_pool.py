@@ -227,3 +227,16 @@ def test_a_fleet_without_a_pool_starts_every_kernel_cold(fleet_factory):
     assert starts(fleet, "cold") == 1
     assert not pooled_replicas(fleet)
     fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+def test_a_killed_gateways_pooled_group_is_stopped_by_the_next_one(fleet_factory):
+    fleet = fleet_factory(
+        hosts=1, gpus=1, replicas=1, gateway_args=("--GatewayApp.kernel_pool_size=1",)
+    )
+    wait_for(lambda: len(pooled_replicas(fleet)) == 1, 60, "a pooled group")
+    ((left, (replica,)),) = pooled_replicas(fleet).items()
+    fleet.restart_gateway(signal.SIGKILL)  # its pool is left running on the host
+    wait_for(lambda: not pid_alive(replica["pid"]), 60, "the left pooled replica to be stopped")
+    assert f"it is of pooled group {left}, which a previous gateway left" in fleet.log("gateway")
+    wait_for(lambda: len(pooled_replicas(fleet)) == 1, 60, "the new gateway's own pooled group")
+    assert left not in pooled_replicas(fleet)
