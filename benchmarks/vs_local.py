@@ -1,16 +1,24 @@
 """kernelfleet against a local kernel, as a user meets both, in one run.
 
     python benchmarks/vs_local.py [--cells 200] [--warmup 10] [--starts 5] [--notebook-runs 2]
-        [--replicas 3] [--json OUT] [--keep] [--quick]
+        [--replicas 3] [--pool 1] [--json OUT] [--keep] [--quick]
 
 Two real ``jupyter server`` subprocesses, the same flags but one (``cell_roundtrip.py``'s
 configurations B and D):
 
   local        jupyter_server's own kernel manager, TCP_NODELAY on its kernel websocket
   kernelfleet  ``--gateway-url`` to a fleet (gateway + 3 host agents, ``--replicas`` replicas a
-               kernel) with the kernelfleet extension (TCP_NODELAY on, the same call)
+               kernel, a warm pool of ``--pool`` groups) with the kernelfleet extension
+               (TCP_NODELAY on, the same call)
 
-and one client path for both. Measured, each pair interleaved so background load falls on both:
+With ``--pool`` > 0, kernel starts and shutdowns are also timed on a third server
+(``kernelfleet_cold``) whose fleet runs no pool, in the same rounds: the pool's gain, measured
+against cold starts under the same load. Before each start (of every side) the script waits
+until the pool is full again, so that its refill overlaps no timed start (a start that finds the
+pool empty is a cold one: the third side times those), and it counts the starts the gateway
+served from the pool.
+
+One client path for all. Measured, each pair interleaved so background load falls on both:
 
 - a trivial cell's round trip (``x = 1`` to its reply and idle), p50 / p99;
 - kernel start (``POST /api/kernels`` to the first cell's result) and shutdown (``DELETE``);
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import secrets
 import statistics
@@ -43,7 +52,9 @@ import kernel_memory  # noqa: E402
 import notebook_timing  # noqa: E402
 
 NOTEBOOKS = BENCH_DIR / "notebooks"
-SIDES = {"B": "local", "D": "kernelfleet"}  # cell_roundtrip's configuration -> name here
+SIDES = {"B": "local", "D": "kernelfleet", "F": "kernelfleet_cold"}
+"""cell_roundtrip's configuration -> name here; F: D pointed at a fleet without a pool."""
+POOL_REFILL_WAIT_S = 60.0
 IDLE_SETTLE_S = 1.0  # after the last cell, before memory is read
 
 
@@ -71,16 +82,40 @@ async def start_and_shutdown(endpoint: rt.Endpoint) -> tuple[float, float]:
     return start, time.perf_counter() - stopping
 
 
-async def measure_starts(endpoints: list[rt.Endpoint], samples: int) -> dict[str, Any]:
+async def measure_starts(
+    endpoints: list[rt.Endpoint], samples: int, pooled: Fleet | None, pool: int = 0
+) -> dict[str, Any]:
+    """Interleaved starts and shutdowns. Before each start (of any side), `pooled`'s pool of
+    `pool` groups is full again: its refill, in the background after a start took a group,
+    then overlaps none of the other sides' starts."""
     starts: dict[str, list[float]] = {SIDES[e.config.key]: [] for e in endpoints}
     stops: dict[str, list[float]] = {SIDES[e.config.key]: [] for e in endpoints}
     for i in range(samples):
         for endpoint in rt.rotated(endpoints, i):
+            if pooled is not None:
+                await asyncio.to_thread(wait_pool_full, pooled, pool)
             start, stop = await start_and_shutdown(endpoint)
             starts[SIDES[endpoint.config.key]].append(start)
             stops[SIDES[endpoint.config.key]].append(stop)
         progress(f"kernel start and shutdown: {i + 1}/{samples} rounds")
     return {"kernel_start_s": starts, "shutdown_s": stops}
+
+
+def gateway_metric(fleet: Fleet, sample: str) -> float:
+    """One sample of the gateway's /metrics (0 when absent)."""
+    for line in fleet.request_text("GET", "/metrics").splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == sample:
+            return float(value)
+    return 0.0
+
+
+def wait_pool_full(fleet: Fleet, size: int) -> None:
+    deadline = time.monotonic() + POOL_REFILL_WAIT_S
+    while gateway_metric(fleet, "kernelfleet_kernel_pool_ready") < size:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the pool did not refill to {size} in {POOL_REFILL_WAIT_S:.0f} s")
+        time.sleep(0.1)
 
 
 def idle_memory(
@@ -172,7 +207,13 @@ def slowest_cells(samples: dict[str, list[dict[str, Any]]], top: int = 3) -> lis
 async def benchmark(fleet: Fleet, endpoints: list[rt.Endpoint], args: argparse.Namespace) -> Any:
     load_before = os.getloadavg()[0]
     progress(f"timing {args.starts} kernel starts and shutdowns per side")
-    starts = await measure_starts(endpoints, args.starts)
+    pooled = fleet if args.pool > 0 else None
+    pool_starts = gateway_metric(fleet, 'kernelfleet_kernel_starts_total{source="pool"}')
+    starts = await measure_starts(endpoints, args.starts, pooled, args.pool)
+    pool_starts = (
+        gateway_metric(fleet, 'kernelfleet_kernel_starts_total{source="pool"}') - pool_starts
+    )
+    endpoints = [e for e in endpoints if e.config.key != "F"]  # the rest compares two sides
     progress(f"timing {args.cells} cells per side after {args.warmup} warm-up cells")
     cells = await measure_cells_and_memory(fleet, endpoints, args.cells, args.warmup)
     notebooks = args.notebooks
@@ -180,7 +221,9 @@ async def benchmark(fleet: Fleet, endpoints: list[rt.Endpoint], args: argparse.N
     runs = await measure_notebooks(endpoints, notebooks, args.notebook_runs)
     for endpoint in endpoints:
         rt.check_server_log(endpoint)
-    return summarize(starts, cells, runs, args, (load_before, os.getloadavg()[0]))
+    report = summarize(starts, cells, runs, args, (load_before, os.getloadavg()[0]))
+    report["pool"] = {"starts_served": int(pool_starts)}
+    return report
 
 
 # ---- results -----------------------------------------------------------------------------------
@@ -205,6 +248,9 @@ def summarize(
     def over(figures: dict[str, Any], stat: str) -> float:
         return float(figures["kernelfleet"][stat] / figures["local"][stat])
 
+    def cold(figures: dict[str, Any]) -> float:
+        return float(figures["kernelfleet_cold"]["median"] / figures["local"]["median"])
+
     return {
         "machine": harness.describe_machine(),
         "load_average_1min": {"before": load[0], "after": load[1]},
@@ -214,6 +260,7 @@ def summarize(
             "kernel_starts": args.starts,
             "notebook_runs": args.notebook_runs,
             "replicas": args.replicas,
+            "pool": args.pool,
             "notebooks": [p.name for p in args.notebooks],
             "cell": rt.CELL,
         },
@@ -226,6 +273,14 @@ def summarize(
             "roundtrip_p99": over(roundtrip, "p99"),
             "kernel_start": over(lifecycle["kernel_start_s"], "median"),
             "shutdown": over(lifecycle["shutdown_s"], "median"),
+            **(
+                {
+                    "kernel_start_cold": cold(lifecycle["kernel_start_s"]),
+                    "shutdown_cold": cold(lifecycle["shutdown_s"]),
+                }
+                if "kernelfleet_cold" in lifecycle["kernel_start_s"]
+                else {}
+            ),
             **{f"notebook_{name}_total": nb["ratio"]["total_s"] for name, nb in notebooks.items()},
             **{f"notebook_{name}_cells": nb["ratio"]["cells_s"] for name, nb in notebooks.items()},
             "idle_kernel_pss": cells["memory"]["ratio"]["pss_mib"],
@@ -239,7 +294,8 @@ def render(report: dict[str, Any]) -> str:
     local, fleet = "local", "kernelfleet"
     lines = [
         f"{m['cpus']} CPUs, Python {m['python']}, jupyter_server {m['jupyter_server']}, "
-        f"ipykernel {m['ipykernel']}; {p['replicas']} replicas a kernelfleet kernel; load "
+        f"ipykernel {m['ipykernel']}; {p['replicas']} replicas a kernelfleet kernel, a warm pool "
+        f"of {p['pool']}; load "
         f"{load['before']:.1f} -> {load['after']:.1f}",
         "",
         f"{'':<44} {local:>12} {fleet:>12} {'ratio':>8}",
@@ -258,6 +314,12 @@ def render(report: dict[str, Any]) -> str:
         k = len(figures[local]["samples"])
         row(f"{label} (median of {k})", figures[local]["median"], figures[fleet]["median"], "s",
             figures[fleet]["median"] / figures[local]["median"])  # fmt: skip
+        if "kernelfleet_cold" in figures:
+            row("  the same without the pool", figures[local]["median"],
+                figures["kernelfleet_cold"]["median"], "s",
+                figures["kernelfleet_cold"]["median"] / figures[local]["median"])  # fmt: skip
+    if p["pool"]:
+        lines.append(f"kernelfleet starts served from the pool: {report['pool']['starts_served']}")
     for name, nb in report["notebooks"].items():
         lines.append(f"notebook {name} ({nb['code_cells']} code cells, median of runs):")
         for phase in notebook_timing.PHASES:
@@ -293,6 +355,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--starts", type=int, default=5, help="kernel starts per side")
     parser.add_argument("--notebook-runs", type=int, default=2, help="runs per notebook and side")
     parser.add_argument("--replicas", type=int, default=3, choices=[1, 2, 3])
+    parser.add_argument(
+        "--pool", type=int, default=1,
+        help="the fleet's warm pool (GatewayApp.kernel_pool_size); > 0 also times cold starts "
+        "on a second fleet without one",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (server logs)")
     parser.add_argument(
@@ -304,23 +371,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.cells, args.warmup, args.starts, args.notebook_runs = 5, 1, 1, 1
         args.notebooks = [NOTEBOOKS / "pandas_sales.ipynb"]
-    if min(args.cells, args.starts, args.notebook_runs) < 1 or args.warmup < 0:
-        parser.error("--cells, --starts and --notebook-runs must be at least 1, --warmup >= 0")
+    if min(args.cells, args.starts, args.notebook_runs) < 1 or min(args.warmup, args.pool) < 0:
+        parser.error(
+            "--cells, --starts and --notebook-runs must be at least 1, --warmup and --pool >= 0"
+        )
     return args
 
 
 def run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Start the fleet and the two servers, measure, and stop every process whatever happens."""
-    fleet: Fleet | None = None
+    """Start the fleets and the servers, measure, and stop every process whatever happens."""
+    fleets: list[Fleet] = []
     servers: list[rt.Endpoint] = []
     try:
-        progress(f"starting a fleet: gateway, 3 host agents, {args.replicas} replicas a kernel")
-        fleet = start_fleet(
-            root / "fleet", hosts=3, gpus=2, token=secrets.token_hex(16), replicas=args.replicas
+        progress(
+            f"starting a fleet: gateway, 3 host agents, {args.replicas} replicas a kernel, "
+            f"a warm pool of {args.pool}"
         )
+        fleet = start_pool_fleet(root / "fleet", args.replicas, args.pool)
+        fleets.append(fleet)
         configs = [c for c in rt.configurations(fleet.url, fleet.token) if c.key in SIDES]
+        if args.pool > 0:
+            progress("starting a second fleet without a pool, for cold starts")
+            cold = start_pool_fleet(root / "fleet-cold", args.replicas, 0)
+            fleets.append(cold)
+            (d,) = (c for c in rt.configurations(cold.url, cold.token) if c.key == "D")
+            configs.append(dataclasses.replace(d, key="F", title=f"{d.title}, no pool"))
         token = secrets.token_hex(16)
-        progress("starting 2 jupyter_server subprocesses")
+        progress(f"starting {len(configs)} jupyter_server subprocesses")
         servers = [rt.launch_server(config, root, token) for config in configs]
         for server in servers:
             rt.wait_until_serving(server)
@@ -329,8 +406,16 @@ def run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         progress("stopping every process")
         for server in servers:
             rt.stop_server(server)
-        if fleet is not None:
-            fleet.stop()
+        for each in fleets:
+            each.stop()
+
+
+def start_pool_fleet(state_dir: Path, replicas: int, pool: int) -> Fleet:
+    """A gateway and 3 host agents of 2 virtual GPUs, with a warm pool of `pool` groups."""
+    return start_fleet(
+        state_dir, hosts=3, gpus=2, token=secrets.token_hex(16), replicas=replicas,
+        gateway_args=(f"--GatewayApp.kernel_pool_size={pool}",),
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

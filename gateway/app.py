@@ -68,6 +68,7 @@ class GatewayApp(Application):
         "state-dir": "GatewayApp.state_dir",
         "policy": "GatewayApp.policy",
         "replicas": "GatewayApp.replicas",
+        "kernel-pool-size": "GatewayApp.kernel_pool_size",
         "log-level": "Application.log_level",
         "min-hosts": "GatewayApp.min_hosts",
         "max-hosts": "GatewayApp.max_hosts",
@@ -117,6 +118,14 @@ class GatewayApp(Application):
         help="Variables a kernel-create request may set besides KERNEL_* (others are dropped).",
     )
     launch_timeout = Float(40.0, config=True, help="Seconds a kernel may take to start.")
+    kernel_pool_size = Int(
+        1,
+        config=True,
+        help="Replica groups of the default kernelspec kept started, joined and idle (no GPU "
+        "held) ahead of kernel starts, which take one and return at once; a start the pool "
+        "cannot serve (pool empty, another kernelspec, env beyond KERNEL_*) starts cold. "
+        "Each costs its replicas' idle memory. 0: no pool.",
+    )
     replicas = Int(
         3,
         config=True,
@@ -286,6 +295,12 @@ class GatewayApp(Application):
             raise TraitError("a kernel needs at least 1 replica")
         return proposal["value"]
 
+    @validate("kernel_pool_size")
+    def _check_pool_size(self, proposal: dict) -> int:
+        if proposal["value"] < 0:
+            raise TraitError(f"kernel_pool_size must be >= 0 (0: no pool), not {proposal['value']}")
+        return proposal["value"]
+
     @validate("gpu_kernelspecs")
     def _check_gpu_kernelspecs(self, proposal: dict) -> list[int]:
         counts = list(proposal["value"])
@@ -388,6 +403,8 @@ class GatewayApp(Application):
             usage=UsageWindow.spanning(self.ratio_window, self.usage_sample_interval),
             kernel_tokens=KernelTokens(self.token),
             events=self.events,
+            pool_size=self.kernel_pool_size,
+            pool_file=Path(self.state_dir) / "pool.json",
         )
         self.kernels.metrics.registry.on_collect(self._collect_gpu_metrics)
         self.gpu_settings = GpuSettingsService(self.kernels, self.hosts)
@@ -498,6 +515,7 @@ class GatewayApp(Application):
         objects_gc = asyncio.create_task(self._objects_collector().run())
         job_rounds = asyncio.create_task(self.jobs.run(stop))
         tool_workers = asyncio.create_task(self.tool_workers.run(stop))
+        pool = asyncio.create_task(self.kernels.pool.run())
         scaling = None
         if provider is not None:
             self.autoscaler = self._autoscaler(provider)
@@ -512,10 +530,13 @@ class GatewayApp(Application):
         objects_gc.cancel()
         job_rounds.cancel()
         tool_workers.cancel()
+        pool.cancel()
         if scaling is not None:
             scaling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await scaling
+        await self.kernels.pool.close()
+        await self.kernels.stopped()  # kernels shut down before: their replicas' stops end
         if self.stop_kernels_on_exit:
             await self.kernels.shutdown_all()
         else:
@@ -528,7 +549,7 @@ class GatewayApp(Application):
         """Removes the object-store folders of kernels that are gone (gateway.objects_gc)."""
         return KernelObjectsCollector(
             self.object_store_root,
-            lambda: (kernel.id for kernel in self.kernels.all()),
+            lambda: [*(kernel.id for kernel in self.kernels.all()), *self.kernels.pool.ids()],
             KernelStore(self.state_dir).path,
             self.events,
         )

@@ -118,6 +118,18 @@ class ExecutorChooser:
         self.demand: LiveDemand | None = None
         """Told of every cell submitted and every cell's GPUs released (the demand model's
         live inputs), when the autoscaler has a demand model."""
+        self._stopping: set[str] = set()
+        """Kernels shut down whose replicas are still stopping: their cells' GPUs stay bound."""
+
+    def hold_until_stopped(self, kernel_id: str) -> None:
+        """Kernel `kernel_id` was shut down: a cell of it that ends now (its link closed) keeps
+        its GPUs, which its process may still use, until `stopped` (the ledger's
+        ``unsubscribe``/``remove_kernel`` then gives them back)."""
+        self._stopping.add(kernel_id)
+
+    def stopped(self, kernel_id: str) -> None:
+        """The replicas of kernel `kernel_id` are gone (see `hold_until_stopped`)."""
+        self._stopping.discard(kernel_id)
 
     def preempt_jobs_with(self, jobs: JobPreemption) -> None:
         """From now on, a cell that takes devices lent to background jobs has `jobs` stop them
@@ -264,7 +276,10 @@ class ExecutorChooser:
         waiter.turn = asyncio.get_running_loop().create_future()
 
     def release(self, kernel_id: str, cell_id: str) -> None:
-        """The cell ended: its devices are free (its replica's memory may stay, warm)."""
+        """The cell ended: its devices are free (its replica's memory may stay, warm); not
+        while its kernel's replicas are stopping (`hold_until_stopped`)."""
+        if kernel_id in self._stopping:
+            return
         released = self._ledger.release(kernel_id, cell_id=cell_id)
         if released:
             if self.demand is not None:

@@ -25,6 +25,7 @@ import functools
 import logging
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import zmq.asyncio
@@ -48,6 +49,7 @@ from kernelfleet.gateway.executors import ExecutorChooser, JobPreemption
 from kernelfleet.gateway.fleet_view import FleetView, HostGrowth
 from kernelfleet.gateway.groups import GroupKeeper
 from kernelfleet.gateway.hosts import HostRegistry
+from kernelfleet.gateway.kernel_pool import KernelPool
 from kernelfleet.gateway.kernel_table import KernelTable
 from kernelfleet.gateway.kernel_tokens import KernelTokens
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
@@ -91,6 +93,8 @@ class KernelService:
         usage: UsageWindow | None = None,
         kernel_tokens: KernelTokens | None = None,
         events: EventBus | None = None,
+        pool_size: int = 0,
+        pool_file: Path | None = None,
     ) -> None:
         self._hosts = hosts
         self._policy = policy
@@ -107,6 +111,8 @@ class KernelService:
         self.ledger = GpuLedger(check_ledger, self._ledger_breached)
         self._chooser = ExecutorChooser(policy, self.ledger, self, self.metrics, self.events)
         self._kernels = KernelTable(store)
+        self._stopping: set[asyncio.Future[None]] = set()
+        """The background stops of kernels shut down (`shutdown`), until each has ended."""
         self._relinking: dict[str, asyncio.Event] = {}
         """Kernels `restore` listed that `recover` has not re-linked yet: set once it has."""
         self._fleet = FleetView(hosts, self.ledger, self._chooser, usage or UsageWindow(1))
@@ -124,6 +130,13 @@ class KernelService:
             self._context, self._replication, launch_timeout, self.metrics, background,
             self.events,
         )  # fmt: skip
+        default = kernelspecs.resolve(None)
+        self.pool = KernelPool(
+            pool_size, default, self._replication.plan(kernelspecs.launch(default).base),
+            self._admission, self._launcher, hosts, self._context, self.metrics, pool_file,
+        )  # fmt: skip
+        """Groups of the default kernelspec started ahead of kernel starts (`run` keeps it
+        full once the app starts it; `close` stops them)."""
         hosts.listen(
             HostReconciler(
                 self._kernels, self.ledger, self._chooser, self._groups, background, self.events
@@ -210,20 +223,30 @@ class KernelService:
             notebook_path=notebook_path,
             user=user,
         )
-        placement = await self._admission.admit(kernel)
-        self._add(kernel)
         started = time.monotonic()
-        try:
-            await self._launcher.launch_group(kernel, placement.host_ids)
-            if self._chooser.per_session and kernel.gpus:
-                await self._reserve(kernel)
-        except BaseException:
-            self._kernels.pop(kernel.id)
-            self.ledger.remove_kernel(kernel.id)
-            raise
+        pooled = await self._from_pool(kernel)
+        if pooled is not None:
+            kernel = pooled
+            self._add(kernel)
+        else:
+            placement = await self._admission.admit(kernel)
+            self._add(kernel)
+            started = time.monotonic()
+            try:
+                await self._launcher.launch_group(kernel, placement.host_ids)
+                if self._chooser.per_session and kernel.gpus:
+                    await self._reserve(kernel)
+            except BaseException:
+                self._kernels.pop(kernel.id)
+                self.ledger.remove_kernel(kernel.id)
+                raise
         self.metrics.kernel_start.observe(time.monotonic() - started)
+        self.metrics.kernel_starts.labels("pool" if pooled else "cold").inc()
         self._kernels.persist()
-        log.info("kernel %s (%s) started on %s", kernel.id, name, ", ".join(placement.host_ids))
+        log.info(
+            "kernel %s (%s) started on %s%s", kernel.id, name,
+            ", ".join(r.host_id for r in kernel.replicas), " from the pool" if pooled else "",
+        )  # fmt: skip
         self.events.publish(
             EventType.KERNEL_STARTED,
             {
@@ -236,6 +259,16 @@ class KernelService:
             kernel_id=kernel.id,
         )
         return kernel
+
+    async def _from_pool(self, kernel: KernelRecord) -> KernelRecord | None:
+        """A pooled group bound to `kernel`'s start, or None (a cold start; the log says why
+        when the pool is on)."""
+        why = self.pool.unfit(kernel, self._chooser.per_session)
+        if why is not None:
+            if self.pool.size > 0:
+                log.info("kernel start (%s) is cold: %s", kernel.name, why)
+            return None
+        return await self.pool.take(kernel)
 
     def _add(self, kernel: KernelRecord) -> None:
         """Add `kernel` to the table, its model reading the GPUs bound to it from the ledger."""
@@ -325,32 +358,57 @@ class KernelService:
         return await self._launcher.launch(kernel, host_id)
 
     async def shutdown(self, kernel_id: str, why: str = "the kernel was shut down") -> None:
-        """Stop the kernel's replicas and forget it; `NotFound` (at once) for a kernel this
-        gateway does not know. Its clients are told first: a cell still running gets an error
-        saying `why` (``KernelUnavailable``), then a ``dead`` status, which JupyterLab shows
-        (as it shows a kernel that vanished from the server's list), and their websockets close.
-        """
+        """Forget the kernel and have its replicas stopped; `NotFound` (at once) for a kernel
+        this gateway does not know. Its clients are told first: a cell still running gets an
+        error saying `why` (``KernelUnavailable``), then a ``dead`` status, which JupyterLab
+        shows (as it shows a kernel that vanished from the server's list), and their websockets
+        close.
+
+        Returns once the kernel is out of the table (and the store) and its replicas' stops are
+        under way, as fast as a local kernel's shutdown answers; the stopping finishes in the
+        background (`stopped` waits for it). Its GPUs stay held in the ledger until each
+        replica's host said that replica's process is gone, so no other cell gets a GPU it may
+        still use; its user and ports are the hosts' until then too (a host agent frees them
+        when the process is reaped)."""
         kernel = self.get(kernel_id)
         async with kernel.lifecycle:
             if self._kernels.pop(kernel_id) is None:
                 return  # another shutdown finished first
             kernel.execution_state = "dead"
+            self._chooser.hold_until_stopped(kernel_id)
             if kernel.link is not None:
                 kernel.link.close(why, ename=ErrorName.KERNEL_UNAVAILABLE, last_status="dead")
-            await self._launcher.stop(kernel, kernel.replicas)
-        self._chooser.released(self.ledger.remove_kernel(kernel_id))
-        self._chooser.capacity_changed()
-        self._kernels.persist()
-        log.info("kernel %s shut down", kernel_id)
+            self._kernels.persist()
+            stopping = asyncio.ensure_future(self._stop_replicas(kernel))
+            self._stopping.add(stopping)
+            stopping.add_done_callback(self._stopping.discard)
+        log.info("kernel %s shut down; its replicas are stopping", kernel_id)
         self.events.publish(EventType.KERNEL_STOPPED, {"why": "shut down"}, kernel_id=kernel_id)
+
+    async def _stop_replicas(self, kernel: KernelRecord) -> None:
+        """Stop a shut-down kernel's replicas, then give back what the ledger still holds."""
+        started = time.monotonic()
+        try:
+            await self._launcher.stop(kernel, kernel.replicas, release_after_stop=True)
+        finally:
+            self._chooser.stopped(kernel.id)
+            self._chooser.released(self.ledger.remove_kernel(kernel.id))
+            self._chooser.capacity_changed()
+        log.info("kernel %s: its replicas stopped in %.2f s", kernel.id, time.monotonic() - started)
+
+    async def stopped(self) -> None:
+        """Return once every replica of the kernels shut down so far has stopped."""
+        while self._stopping:
+            await asyncio.gather(*list(self._stopping), return_exceptions=True)
 
     async def shutdown_all(self) -> None:
         """Shut every kernel down, as the gateway stops (`shutdown`: their clients see them
-        dead, and a running cell fails saying why)."""
+        dead, and a running cell fails saying why), and wait until their replicas stopped."""
         why = "the gateway stopped, and shut its kernels down with it"
         await asyncio.gather(
             *(self.shutdown(k, why) for k in self._kernels.ids()), return_exceptions=True
         )
+        await self.stopped()
         self._context.term()
 
     def close(self) -> None:

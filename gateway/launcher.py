@@ -161,11 +161,21 @@ class ReplicaLauncher:
         self.subscribe(kernel, replica)
         return replica
 
-    async def stop(self, kernel: KernelRecord, replicas: list[ReplicaRecord]) -> None:
-        """Give the replicas' GPUs back, then stop each on its host (if it still heartbeats);
-        failures are logged, never raised."""
-        for replica in replicas:
-            self.unsubscribe(kernel, replica)
+    async def stop(
+        self,
+        kernel: KernelRecord,
+        replicas: list[ReplicaRecord],
+        *,
+        release_after_stop: bool = False,
+    ) -> None:
+        """Stop each replica on its host (if it still heartbeats) and give its GPUs back:
+        before the stop by default; with `release_after_stop`, each replica's once its host
+        answered that its process is gone (or could not stop it: lost, or it forgot it), so
+        that no other cell is given a GPU that a stopping process may still use. Failures are
+        logged, never raised."""
+        if not release_after_stop:
+            for replica in replicas:
+                self.unsubscribe(kernel, replica)
 
         async def stop(replica: ReplicaRecord) -> None:
             try:
@@ -176,6 +186,9 @@ class ReplicaLauncher:
                 log.warning("kernel %s: could not stop replica %s: %s", kernel.id, replica.id, e)
             except FleetError as e:
                 log.error("kernel %s: stopping replica %s failed: %s", kernel.id, replica.id, e)
+            finally:
+                if release_after_stop:
+                    self.unsubscribe(kernel, replica)
 
         await asyncio.gather(*(stop(replica) for replica in replicas))
 

@@ -23,6 +23,7 @@ __all__ = [
     "CELL_START_BUCKETS",
     "KERNEL_START_BUCKETS",
     "MIGRATION_OUTCOMES",
+    "START_SOURCES",
     "FleetMetrics",
     "MetricsRegistry",
 ]
@@ -62,6 +63,8 @@ class MetricsRegistry(CollectorRegistry):
 CELL_START_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 KERNEL_START_BUCKETS = (0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120)
 MIGRATION_OUTCOMES = ("succeeded", "failed")
+START_SOURCES = ("cold", "pool")
+"""Where a started kernel's replicas came from: launched for it, or a warm pool's group."""
 
 
 class FleetMetrics:
@@ -75,7 +78,8 @@ class FleetMetrics:
     ``kernel_start`` per kernel, from the create request to the kernel answering;
     ``migration_time`` per replica moved, from asking to the new replica caught up and the old
     one gone; ``scale_out_time`` per host the autoscaler started, until its agent listens;
-    ``ledger_breaches`` per breach a checked `GpuLedger` finds.
+    ``ledger_breaches`` per breach a checked `GpuLedger` finds; ``kernel_starts`` per kernel
+    started, by source; ``pool_ready`` whenever the warm pool gains or loses a group.
     """
 
     def __init__(self, registry: MetricsRegistry | None = None) -> None:
@@ -124,6 +128,19 @@ class FleetMetrics:
         )
         for outcome in sorted(MIGRATION_OUTCOMES):  # exported in the order the old renderer had
             self.migrations.labels(outcome)
+        self.kernel_starts = Counter(
+            "kernelfleet_kernel_starts_total",
+            "Kernels started, by where their replicas came from (a warm pool group or launched).",
+            ["source"],
+            registry=r,
+        )
+        for source in START_SOURCES:
+            self.kernel_starts.labels(source)
+        self.pool_ready = Gauge(
+            "kernelfleet_kernel_pool_ready",
+            "Pre-started replica groups ready to serve a kernel start.",
+            registry=r,
+        )
         self.hosts_added = Counter(
             "kernelfleet_scale_out_hosts_total",
             "Hosts the autoscaler started (scale-outs).",

@@ -365,6 +365,11 @@ _SCHEMAS: dict[str, Any] = {
                 "nullable": True,
                 "description": "Null while it has every live replica it wants.",
             },
+            "started_from_pool": {
+                "type": "boolean",
+                "description": "Whether its replicas came from the warm pool "
+                "(`GatewayApp.kernel_pool_size`) rather than being launched for it.",
+            },
         }
     ),
     "RecentCell": closed_object(

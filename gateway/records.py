@@ -191,6 +191,9 @@ class KernelRecord:
     kernel (not stored: a restarted gateway judges the replicas afresh)."""
     degraded_reason: str = ""
     """Why it is degraded, for a person: the true cause and what the repair waits for."""
+    started_from_pool: bool = False
+    """Its replicas were a warm pool's group, started before its start asked
+    (`kernelfleet.gateway.kernel_pool`); False: launched for it (or a previous gateway's)."""
 
     def degrade(self, reason: str, now: float) -> bool:
         """Note that it misses a replica, for `reason` (the latest cause replaces an older
@@ -254,6 +257,7 @@ class KernelRecord:
             "recent_cells": [cell.model() for cell in self.recent_cells],
             "waiting": self.waiting_for(),
             "degraded": self.degraded(),
+            "started_from_pool": self.started_from_pool,
         }
 
     def waiting_for(self) -> dict[str, Any] | None:

@@ -22,6 +22,7 @@ from kernelfleet.errors import KernelStartFailed
 from kernelfleet.gateway.channels import replica_session
 from kernelfleet.gateway.framing import parse_kernel_frames
 from kernelfleet.protocol import (
+    BindContent,
     ConnectionInfo,
     ForgetContent,
     JoinContent,
@@ -122,7 +123,14 @@ async def send_request(
     context: zmq.asyncio.Context,
     connection: ConnectionInfo,
     request: Request,
-    content: JoinContent | MembershipContent | ForgetContent | OutcomeContent | dict[str, Any],
+    content: (
+        JoinContent
+        | MembershipContent
+        | ForgetContent
+        | OutcomeContent
+        | BindContent
+        | dict[str, Any]
+    ),
     timeout: float,
     what: str,
 ) -> dict[str, Any]:

@@ -88,6 +88,13 @@ class Request(enum.StrEnum):
     the cell's state delta is in the log, its effects in every replica. ``"error"`` when it
     could not commit in time (no majority): the outcome is unknown."""
 
+    BIND = "kernelfleet_bind_request"
+    """Gateway -> every replica of a pooled group (started ahead of any kernel start), on
+    shell, as a start takes the group: take on what that start asked for (`BindContent`): its
+    ``KERNEL_*`` variables in ``os.environ``, and its working directory. Shell, so that it runs
+    between cells, on the main thread. Answered ``{"status": "ok", "cwd"}`` (the directory the
+    kernel runs in now)."""
+
     @property
     def reply(self) -> Reply:
         """The message type of this request's answer."""
@@ -108,6 +115,7 @@ class Reply(enum.StrEnum):
     STATUS = "kernelfleet_status_reply"
     RELEASE = "kernelfleet_release_reply"
     OUTCOME = "kernelfleet_outcome_reply"
+    BIND = "kernelfleet_bind_reply"
 
 
 _REPLIES: dict[Request, Reply] = {request: Reply[request.name] for request in Request}
@@ -118,6 +126,7 @@ _CHANNELS: dict[Request, Channel] = {
     Request.STATUS: Channel.CONTROL,
     Request.RELEASE: Channel.CONTROL,
     Request.OUTCOME: Channel.CONTROL,
+    Request.BIND: Channel.SHELL,
 }
 
 
@@ -161,6 +170,16 @@ class OutcomeContent(TypedDict):
     """The ``msg_id`` of the cell's ``execute_request``."""
     attempt: int
     """The attempt the lost executor ran (`CellKey.ATTEMPT`)."""
+
+
+class BindContent(TypedDict):
+    """The content of `Request.BIND`."""
+
+    env: dict[str, str]
+    """The start's ``KERNEL_*`` variables (any other name is refused: what a process reads
+    at its start cannot be set afterwards)."""
+    working_dir: str
+    """The start's ``KERNEL_WORKING_DIR``; empty: stay where the replica started."""
 
 
 class Role(enum.StrEnum):

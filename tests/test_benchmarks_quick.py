@@ -38,14 +38,14 @@ def figures(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(320)
 def test_vs_local_quick_writes_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "vs_local.json"
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
         capture_output=True,
         text=True,
-        timeout=220,
+        timeout=300,
     )
     print(done.stdout)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -56,8 +56,10 @@ def test_vs_local_quick_writes_every_figure(tmp_path: Path) -> None:
     assert all(
         side["n"] == report["parameters"]["cells"] for side in report["roundtrip_ms"].values()
     )
+    assert report["parameters"]["pool"] == 1
+    assert report["pool"]["starts_served"] == 1, "the pooled side's start was served from the pool"
     for lifecycle in ("kernel_start_s", "shutdown_s"):
-        assert report[lifecycle].keys() == SIDES
+        assert report[lifecycle].keys() == {*SIDES, "kernelfleet_cold"}
         assert all(len(side["samples"]) == 1 for side in report[lifecycle].values())
     (name, notebook), *others = report["notebooks"].items()
     assert (name, others) == ("pandas_sales", [])
@@ -68,6 +70,7 @@ def test_vs_local_quick_writes_every_figure(tmp_path: Path) -> None:
     assert memory["kernelfleet"]["processes"] == 3, "one process per replica"
     assert set(report["ratios"]) == {
         "roundtrip_p50", "roundtrip_p99", "kernel_start", "shutdown", "idle_kernel_pss",
+        "kernel_start_cold", "shutdown_cold",
         "notebook_pandas_sales_total", "notebook_pandas_sales_cells",
     }  # fmt: skip
 

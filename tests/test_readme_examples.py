@@ -4,11 +4,14 @@ Each example is the ```python block that follows its marker line in README.md
 (``<!-- tested by tests/test_readme_examples.py: NAME -->``). It runs as a user runs it: a plain
 Python process, in a folder holding ``train.ipynb``, with only the gateway's URL and token put
 in. Once on a notebook that works and once on one whose cell fails, it must leave no kernel on
-the gateway and no replica process on the hosts (a kernel nobody stops holds three processes).
+the gateway and no replica process on the hosts (a kernel nobody stops holds three processes)
+but those of the warm pool's group, which ``kernelfleet up``'s gateway keeps ready.
 """
 
+import re
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import nbformat
@@ -47,8 +50,38 @@ def replica_processes(up) -> list[int]:
     return found
 
 
+def kernels_of(pids: list[int]) -> set[str]:
+    """The kernel ids the replica processes `pids` belong to, from their environment."""
+    found = set()
+    for pid in pids:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        found.update(
+            item.split(b"=", 1)[1].decode()
+            for item in environ
+            if item.startswith(b"KERNELFLEET_KERNEL_ID=")
+        )
+    return found
+
+
+def pooled_groups(up) -> int:
+    """The warm pool's ready groups, from the gateway's /metrics."""
+    request = urllib.request.Request(
+        up.url + "/metrics", headers={"Authorization": f"token {up.token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    found = re.search(r"^kernelfleet_kernel_pool_ready (\S+)$", text, re.M)
+    assert found, text
+    return int(float(found.group(1)))
+
+
 def nothing_left(up) -> bool:
-    return up.api("GET", "/api/kernels") == [] and not replica_processes(up)
+    """No kernel, and no replica process but the pool's groups (each a kernel id of its own)."""
+    pooled = pooled_groups(up)
+    return up.api("GET", "/api/kernels") == [] and len(kernels_of(replica_processes(up))) == pooled
 
 
 def write_notebook(folder: Path, failing: bool) -> None:

@@ -66,7 +66,13 @@ class Fleet:
 
     def start_gateway(self, *args: str, port: int = 0) -> None:
         """Start the gateway on `ip`:`port` (0: the system picks) and wait until it listens
-        (its runtime file names it) and its API answers."""
+        (its runtime file names it) and its API answers.
+
+        Without a warm pool unless `args` ask for one (``--GatewayApp.kernel_pool_size=N``):
+        an idle pooled group would cost every test its processes, and tests that count a
+        host's replicas would count it."""
+        if not any("kernel_pool_size" in arg or arg == "--kernel-pool-size" for arg in args):
+            args = (*args, "--GatewayApp.kernel_pool_size=0")
         state_dir = self.state_dir / "gateway"
         gateway = self.gateway = self.spawn(
             "gateway", "gateway", "--ip", self.ip, "--port", str(port),

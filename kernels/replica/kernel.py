@@ -49,11 +49,13 @@ from ipykernel.kernelapp import IPKernelApp
 from kernelfleet import __version__
 from kernelfleet.kernels.objectstore import LocalDirectoryStore, ObjectStore
 from kernelfleet.kernels.replica.gpu_binding import GpuBinder, MoveReport
+from kernelfleet.kernels.replica.start_binding import BindRefused, bind_start
 from kernelfleet.kernels.replica.statesync import NamespaceTracker, apply, encode
 from kernelfleet.kernels.replica.statesync_delta import ApplyFailed, EncodedDelta
 from kernelfleet.kernels.replica.statesync_gc import start_collector
 from kernelfleet.protocol import (
     METADATA_KEY,
+    BindContent,
     CellKey,
     Channel,
     ErrorName,
@@ -143,6 +145,7 @@ class ReplicatedKernel(IPythonKernel):
             Request.STATUS: self.status_request,
             Request.RELEASE: self.gpu_release_request,
             Request.OUTCOME: self.outcome_request,
+            Request.BIND: self.bind_request,
         }
         tables = {Channel.SHELL: self.shell_handlers, Channel.CONTROL: self.control_handlers}
         for request, handler in handlers.items():
@@ -233,6 +236,18 @@ class ReplicatedKernel(IPythonKernel):
             reply = {"status": "error", "ename": type(e).__name__, "evalue": str(e)}
         assert self.session is not None
         self.session.send(stream, Reply.JOIN, reply, parent, ident)
+
+    async def bind_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        """Take on the kernel start that took this pooled replica's group (`start_binding`)."""
+        content: BindContent = parent["content"]
+        try:
+            cwd = bind_start(content.get("env"), content.get("working_dir", ""), self.replica_dir)
+            reply: dict[str, Any] = {"status": "ok", "cwd": str(cwd)}
+        except (BindRefused, OSError) as e:
+            self.log.warning("replica %s refused a bind: %s", self.replica_id, e)
+            reply = {"status": "error", "ename": type(e).__name__, "evalue": str(e)}
+        assert self.session is not None
+        self.session.send(stream, Reply.BIND, reply, parent, ident)
 
     async def membership_request(self, stream: Any, ident: Any, parent: dict) -> None:
         """Remove and add group members (control thread; the log runs on the main loop)."""

@@ -125,7 +125,9 @@ def test_admin_api_shows_hosts_and_kernel_replicas(fleet):
         assert set(view) == {
             "id", "name", "replicas", "executor", "gpus", "gpus_held", "queued_cells",
             "last_activity", "notebook_path", "user", "recent_cells", "waiting", "degraded",
+            "started_from_pool",
         }  # fmt: skip
+        assert view["started_from_pool"] is False  # this fleet runs no pool
         assert (view["gpus"], view["gpus_held"], view["recent_cells"]) == (1, [], [])
         assert view["waiting"] is None
         assert view["executor"] is None

@@ -84,6 +84,14 @@ FAMILIES = {  # as the gateway exported them before prometheus_client, HELP text
         "Replicated kernels running on fewer live replicas than they want.",
     ),
     "kernelfleet_migrations_total": ("counter", "Replicas moved to another host."),
+    "kernelfleet_kernel_starts_total": (
+        "counter",
+        "Kernels started, by where their replicas came from (a warm pool group or launched).",
+    ),
+    "kernelfleet_kernel_pool_ready": (
+        "gauge",
+        "Pre-started replica groups ready to serve a kernel start.",
+    ),
     "kernelfleet_scale_out_hosts_total": ("counter", "Hosts the autoscaler started (scale-outs)."),
     "kernelfleet_scale_in_hosts_total": ("counter", "Hosts the autoscaler stopped (scale-ins)."),
     "kernelfleet_ledger_breaches_total": (
@@ -117,6 +125,8 @@ def expected_series() -> set[tuple[str, tuple[tuple[str, str], ...]]]:
             series.update({(f"{name}_sum", ()), (f"{name}_count", ())})
         elif name == "kernelfleet_migrations_total":
             series.update((name, (("outcome", o),)) for o in ("failed", "succeeded"))
+        elif name == "kernelfleet_kernel_starts_total":
+            series.update((name, (("source", s),)) for s in ("cold", "pool"))
         else:
             series.add((name, ()))
     return series
