@@ -59,6 +59,7 @@ def _map(value: Any, leaf: Any) -> Any:
 
 
 def write_all(fd: int, data: memoryview, offset: int) -> None:
+    """Writes all of ``data`` at ``offset`` of the file ``fd``."""
     while data:
         written = os.pwrite(fd, data, offset)
         data = data[written:]
@@ -66,6 +67,7 @@ def write_all(fd: int, data: memoryview, offset: int) -> None:
 
 
 def read_all(fd: int, into: memoryview, offset: int) -> None:
+    """Fills ``into`` from ``offset`` of the file ``fd``; raises `EOFError` if it ends first."""
     while into:
         count = os.preadv(fd, [into], offset)
         if count == 0:
