@@ -67,6 +67,7 @@ from kernelfleet.tools.dataload.tensor_format import TensorFormatError, decode
 GROUP_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 MAX_GROUP_LENGTH = 64
 JOIN_GRACE_S = 5.0
+LAST_WORD_S = 1.0
 
 
 class CoordinationError(RuntimeError):
@@ -452,7 +453,20 @@ class CoordinatedLoader:
         try:
             self._channel.send(message, self.timeout)
         except (ConnectionClosed, OSError):
+            reported = self._last_word()
+            if reported is not None:
+                self._fail(reported)
             self._fail(self._coordinator_gone(), remove_slots=True)
+
+    def _last_word(self) -> str | None:
+        """The error the coordinator sent before it closed, if it did (a consumer that was not
+        reading when the group failed finds the socket closed when it next sends)."""
+        with contextlib.suppress(ConnectionClosed, TimeoutError, ProtocolError, OSError):
+            while True:
+                message = self._channel.receive(LAST_WORD_S)
+                if message[0] == "error" and len(message) == 2:
+                    return str(message[1])
+        return None
 
     def _coordinator_gone(self) -> str:
         return (

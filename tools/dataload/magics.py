@@ -10,8 +10,9 @@
                         user's kernels and jobs on the host that name the same cache
     %dataload cache --drop NAME
                         remove the cache NAME from the host
-    %dataload coordinate LOADER --group NAME --consumers K
-                        one producer prepares each minibatch once for K consumers
+    %dataload coordinate LOADER --group NAME --consumers K [--share [KEY]]
+                        one producer prepares each minibatch once for K consumers; with
+                        --share, consumers of other users too (alone: prints a new key)
 
 A thin shell over `analyze`, `cache` and `coordinate`: parse, call, show. ``analyze`` returns a
 `Report` (``.analysis`` holds the figures); ``cache`` returns the `cache.MinioCache`, to assign
@@ -36,6 +37,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.kernels.magics.parsing import MagicParser, count_in, parse
+from kernelfleet.tools.dataload.share import check_key, new_key
 from kernelfleet.tools.dataload.sizes import parse_size
 
 MAX_BATCHES = 100_000
@@ -91,6 +93,9 @@ def dataload_parser() -> MagicParser:
     coordinate.add_argument("--group", required=True, help="the name the consumers share")
     coordinate.add_argument("--consumers", type=count_in(1, 1024), required=True,
                             help="how many kernels consume the minibatches")  # fmt: skip
+    coordinate.add_argument("--share", nargs="?", const="", metavar="KEY",
+                            help="admit the kernels of other users that pass KEY; alone: make "
+                            "a new key and print it")  # fmt: skip
     return parser
 
 
@@ -160,7 +165,19 @@ class DataloadMagics(Magics):
             if error.name != module:
                 raise
             raise UsageError("coordinated preparation is not in this kernelfleet") from None
-        return coordinate(self._variable(args.loader), args.group, consumers=args.consumers)
+        loader = self._variable(args.loader)
+        key = args.share
+        if key == "":
+            key = new_key()
+            print(f"share key of group {args.group}: {key}\nin the other kernels: %dataload "
+                  f"coordinate LOADER --group {args.group} --consumers {args.consumers} "
+                  f"--share {key}", flush=True)  # fmt: skip
+        elif key is not None:
+            try:
+                check_key(key)
+            except ValueError as error:
+                raise UsageError(str(error)) from None
+        return coordinate(loader, args.group, consumers=args.consumers, share=key)
 
     def _variable(self, name: str) -> Any:
         namespace = self.shell.user_ns if self.shell is not None else {}

@@ -22,9 +22,14 @@ MAX_KEY_LENGTH = 256
 NONCE_BYTES = 32
 
 
+KEY_PREFIX = "kfs_"
+"""Marks a key as one (in logs, in a leaked text) and keeps it from starting with '-', which a
+command line would take for an option."""
+
+
 def new_key() -> str:
-    """A fresh share key: 192 random bits, URL-safe base64 (32 characters)."""
-    return secrets.token_urlsafe(KEY_BYTES)
+    """A fresh share key: `KEY_PREFIX` and 192 random bits, URL-safe base64 (36 characters)."""
+    return KEY_PREFIX + secrets.token_urlsafe(KEY_BYTES)
 
 
 def check_key(key: object) -> str:

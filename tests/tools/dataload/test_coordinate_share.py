@@ -260,7 +260,8 @@ def test_a_malformed_key_is_refused_before_anything_starts(key: Any) -> None:
 def test_keys_and_proofs() -> None:
     key = share.new_key()
     assert share.check_key(key) == key
-    assert len(key) == 32
+    assert len(key) == 36
+    assert key.startswith("kfs_")
     assert key != share.new_key()
     a, b = share.new_nonce(), share.new_nonce()
     assert share.proven(key, share.proof(key, "consumer", a, b), "consumer", a, b)
