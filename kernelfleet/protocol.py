@@ -362,6 +362,10 @@ class ReplicaEnv(enum.StrEnum):
     """``ip:port`` reserved for the replica's Raft log; the replica holds the port until it
     joins. Set only for a replicated kernel."""
 
+    CACHE_BROKER = "KERNELFLEET_CACHE_BROKER"
+    """The unix socket of the host agent's broker of shared caches
+    (`kernelfleet.kernels.agent.cache_broker`); absent when the agent could not start it."""
+
     GPUS = "KERNELFLEET_GPUS"
     """The comma-separated ids of the GPUs bound to the running cell, empty between cells: the
     agent starts a replica with it empty (whatever the agent's own value, which for the agent is

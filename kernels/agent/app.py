@@ -54,6 +54,8 @@ from traitlets import (
 from traitlets.config import Application, catch_config_error
 
 from kernelfleet import __version__
+from kernelfleet.kernels.agent.cache_broker import SOCKET_NAME as CACHE_BROKER_SOCKET
+from kernelfleet.kernels.agent.cache_broker import CacheBroker
 from kernelfleet.kernels.agent.gpu_control import (
     GpuControl,
     GpuControlFailed,
@@ -559,6 +561,13 @@ class HostAgentApp(Application):
             isolation=self.isolation,
             keep_logs_for=max(0.0, self.replica_logs_kept_days) * 86400,
         )
+        self.cache_broker = CacheBroker(self.state_path / CACHE_BROKER_SOCKET)
+        try:
+            self.cache_broker.start()
+            self.replicas.cache_broker = self.cache_broker.path
+        except OSError as error:
+            self.log.warning("no shared caches on this host: the cache broker cannot listen at "
+                             "%s: %s", self.cache_broker.path, error)  # fmt: skip
         self.replicas.remove_stale_folders()
         self.jobs = JobTable(
             self.state_path, self.isolation, self.gateway_url, self._on_replicas_changed
@@ -678,6 +687,7 @@ class HostAgentApp(Application):
         )
         tasks = [task for task in (beats, linking) if task is not None]
         await asyncio.gather(watcher, *tasks, return_exceptions=True)
+        self.cache_broker.stop()
         try:
             await asyncio.wait_for(server.close_all_connections(), timeout=1.0)
         except TimeoutError:

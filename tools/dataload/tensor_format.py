@@ -67,8 +67,9 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8)
 
 
-def encode(value: Any) -> bytearray:
-    """``value`` in this format. Raises `TypeError` naming the first value it cannot carry."""
+def encode(value: Any, what: str = "batch") -> bytearray:
+    """``value`` in this format. Raises `TypeError` naming the first value it cannot carry, by
+    its place in ``what`` (``batch[0]['path']``)."""
     tensors: list[list[Any]] = []
     chunks: list[tuple[int, torch.Tensor]] = []
     end = 0
@@ -111,7 +112,7 @@ def encode(value: Any) -> bytearray:
         raise TypeError(f"{where}: a {type(item).__name__} cannot be shared; only tensors, lists, "
                         "tuples, dicts, ints, floats, strs, bools and None")  # fmt: skip
 
-    tree = node(value, "batch")
+    tree = node(value, what)
     header = json.dumps({"tree": tree, "tensors": tensors}, allow_nan=False).encode()
     start = _aligned(len(MAGIC) + LENGTH.size + len(header))
     out = bytearray(start + end)
