@@ -5,9 +5,11 @@
     %dataload analyze LOADER MODEL [--batches N] [--cpus 1,2,8] [--cache 1GB,4GB] [--as-found]
                         DS-Analyzer's differential measurement of the notebook's DataLoader
                         feeding MODEL, and the predicted epoch time for other CPUs and caches
-    %dataload cache DATASET --size 8GB [--name NAME]
+    %dataload cache DATASET --size 8GB [--name NAME] [--share [KEY]]
                         DATASET wrapped in a MinIO cache in shared memory, shared by the
-                        user's kernels and jobs on the host that name the same cache
+                        user's kernels and jobs on the host that name the same cache; with
+                        --share, held by the host agent and shared by the kernels of every
+                        user that pass KEY (alone: prints a new key)
     %dataload cache --drop NAME
                         remove the cache NAME from the host
     %dataload coordinate LOADER --group NAME --consumers K [--share [KEY]]
@@ -88,6 +90,9 @@ def dataload_parser() -> MagicParser:
     cache.add_argument("--size", type=size, help="bytes of shared memory: 8GB, 512MiB, 1e9")
     cache.add_argument("--name", help="the cache's name on the host (the dataset's identity)")
     cache.add_argument("--drop", metavar="NAME", help="remove the cache NAME from the host")
+    cache.add_argument("--share", nargs="?", const="", metavar="KEY",
+                       help="a cache the host agent holds for every user's kernels that pass "
+                       "KEY; alone: make a new key and print it")  # fmt: skip
     coordinate = commands.add_parser("coordinate", help="one producer for K consumers")
     coordinate.add_argument("loader", help="a notebook variable: a torch DataLoader")
     coordinate.add_argument("--group", required=True, help="the name the consumers share")
@@ -143,7 +148,7 @@ class DataloadMagics(Magics):
         from kernelfleet.tools.dataload.cache import MinioCache, drop_cache
 
         if args.drop:
-            if args.dataset or args.size or args.name:
+            if args.dataset or args.size or args.name or args.share is not None:
                 raise UsageError("give --drop NAME alone")
             if not drop_cache(args.drop):
                 raise UsageError(f"there is no cache named {args.drop!r} on this host")
@@ -154,7 +159,27 @@ class DataloadMagics(Magics):
         dataset = self._variable(args.dataset)
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
             raise UsageError(f"{args.dataset} is not a map-style dataset (no len and indexing)")
-        return MinioCache(dataset, args.size, name=args.name)
+        if args.share is None:
+            return MinioCache(dataset, args.size, name=args.name)
+        from kernelfleet.tools.dataload.shared_cache import SharedCache
+
+        key = self._share_key(args.share, f"cache {args.name or 'of ' + args.dataset}",
+                              f"%dataload cache DATASET --size {args.size} "
+                              f"{'--name ' + args.name + ' ' if args.name else ''}")  # fmt: skip
+        return SharedCache(dataset, args.size, key, name=args.name)
+
+    def _share_key(self, given: str, what: str, line: str) -> str:
+        """``--share``'s key: a new one, printed with the line for the others, or the one
+        given, checked."""
+        if given == "":
+            key = new_key()
+            print(f"share key of the {what}: {key}\nin the other kernels: {line}--share {key}",
+                  flush=True)  # fmt: skip
+            return key
+        try:
+            return check_key(given)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
 
     def _coordinate(self, args: argparse.Namespace) -> Any:
         # imported by name: coordinate.py is another change's, and may land after this one
@@ -167,16 +192,9 @@ class DataloadMagics(Magics):
             raise UsageError("coordinated preparation is not in this kernelfleet") from None
         loader = self._variable(args.loader)
         key = args.share
-        if key == "":
-            key = new_key()
-            print(f"share key of group {args.group}: {key}\nin the other kernels: %dataload "
-                  f"coordinate LOADER --group {args.group} --consumers {args.consumers} "
-                  f"--share {key}", flush=True)  # fmt: skip
-        elif key is not None:
-            try:
-                check_key(key)
-            except ValueError as error:
-                raise UsageError(str(error)) from None
+        if key is not None:
+            line = f"%dataload coordinate LOADER --group {args.group} --consumers {args.consumers} "
+            key = self._share_key(key, f"group {args.group}", line)
         return coordinate(loader, args.group, consumers=args.consumers, share=key)
 
     def _variable(self, name: str) -> Any:

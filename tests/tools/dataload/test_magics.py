@@ -229,7 +229,7 @@ def test_coordinate_share_alone_prints_a_new_key(
         "dataload", f"coordinate loader --group {group} --consumers 1 --share"
     )
     printed = capsys.readouterr().out
-    key = printed.split(f"share key of group {group}: ")[1].split()[0]
+    key = printed.split(f"share key of the group {group}: ")[1].split()[0]
     assert check_key(key) == key
     assert f"--group {group} --consumers 1 --share {key}" in printed
     with batches:
@@ -326,6 +326,60 @@ async def test_kernels_of_two_users_share_a_group_by_key(fleet: Any) -> None:
         failed = await owner.execute("holder.join(); list(held['b'])", timeout=60)
         assert failed.reply["ename"] == "CoordinationError"
         assert expected in failed.reply["evalue"]
+    finally:
+        for client in clients:
+            client.close()
+        for kernel_id in kernels:
+            fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_kernels_of_two_users_share_a_cache_through_their_agent(
+    private_fleet: Any,
+) -> None:
+    """Two kernels on one host (users of their own where the agent is root) share one cache that
+    the host agent's broker holds: the second hits exactly what the first filled; a wrong key
+    and a size beyond free shared memory are refused with what is wrong."""
+    fleet = private_fleet(hosts=1, gpus=0)
+    kernels = [fleet.start_kernel(), fleet.start_kernel()]
+    clients = [await fleet.connect(kernel_id) for kernel_id in kernels]
+    first, second = clients
+    try:
+        for client in clients:
+            setup = await client.execute(NOTEBOOK + "import os")
+            assert setup.reply["status"] == "ok", setup.reply
+        made = await first.execute(
+            "cached = %dataload cache ds --size 1MB --name live --share\n"
+            "_ = [cached[i] for i in range(12)]\n"  # half the dataset: 12 misses, filled once
+            "(cached.reset_counts().misses, cached.cached_items, os.getuid())"
+        )
+        printed = made.stdout
+        key = printed.split("share key of the cache live: ")[1].split()[0]
+        assert result_text(made).startswith("(12, 12, ")
+        uid_first = ast.literal_eval(result_text(made))[2]
+        read = await second.execute(
+            f"cached = %dataload cache ds --size 1MB --name live --share {key}\n"
+            "items = [cached[i] for i in range(len(cached))]\n"
+            "counts = cached.reset_counts()\n"
+            "same = all(torch.equal(a[0], ds[i][0]) for i, a in enumerate(items))\n"
+            "(counts.hits, counts.misses, cached.cached_items, same, os.getuid())"
+        )
+        hits, misses, stored, same, uid_second = ast.literal_eval(result_text(read))
+        assert (hits, misses, stored, same) == (12, 12, 24, True)
+        if uid_first != os.geteuid():  # per-kernel users
+            assert uid_first != uid_second
+        wrong = await second.execute(
+            f"%dataload cache ds --size 1MB --name live --share {new_key()}"
+        )
+        assert wrong.reply["ename"] == "UsageError"
+        assert "the shared cache 'live' refused this share key" in wrong.reply["evalue"]
+        huge = await second.execute("%dataload cache ds --size 100TB --name huge --share")
+        assert huge.reply["ename"] == "UsageError"
+        assert (
+            "a cache of 100000.00 GB (100000000000000 bytes) is larger than the free shared"
+            in (huge.reply["evalue"])
+        )
     finally:
         for client in clients:
             client.close()
