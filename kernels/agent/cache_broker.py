@@ -28,8 +28,11 @@ path reaches a replica as ``KERNELFLEET_CACHE_BROKER``. Frames are a 4-byte big-
 and a JSON array (at most `MAX_FRAME` bytes). Broker first: ``["challenge", nonce]``. Then the
 client: ``["open", name, proof]`` (answered ``["absent"]``, ``["error", text]`` or
 ``["opened", layout]`` with the descriptor), ``["create", name, items, size, verifier]``
-(answered the same way), and once open ``["put", index, nbytes]`` + bytes (answered
-``["stored"]``, ``["declined", why]`` or ``["error", text]``).
+(answered the same way), ``["drop", name, proof]`` (answered ``["dropped"]``, ``["absent"]`` or
+``["error", text]``: the broker lets the segment go; kernels that mapped it keep their mapping
+until they close it), and once open ``["put", index, nbytes]`` + bytes (answered ``["stored"]``,
+``["declined", why]`` or ``["error", text]``). Caches live until they are dropped or the agent
+stops.
 """
 
 from __future__ import annotations
@@ -225,6 +228,18 @@ class CacheBroker:
                           "the cache was made with")  # fmt: skip
         return cache
 
+    def drop(self, name: str, challenge: str, proof: Any) -> bool:
+        if self.open(name, challenge, proof) is None:
+            return False
+        with self.lock:
+            cache = self.caches.pop(name, None)
+        if cache is not None:
+            with cache.lock:
+                cache.view.close()
+                os.close(cache.fd)
+            log.info("shared cache %r dropped", name)
+        return True
+
     def create(self, name: str, items: int, size: int, verifier: str) -> Cache:
         with self.lock:
             cache = self.caches.get(name)
@@ -310,6 +325,9 @@ class Connection:
             if not (isinstance(verifier, str) and len(verifier) == 64):
                 raise Refused("a verifier is 64 hex digits")
             self._opened(self.broker.create(name, items, size, verifier))
+        elif kind == "drop" and len(args) == 2 and _is_name(args[0]):
+            dropped = self.broker.drop(args[0], challenge, args[1])
+            self.send(["dropped"] if dropped else ["absent"])
         elif kind == "put" and self.cache is not None and len(args) == 2:
             self.put(self.cache, *args)
         else:

@@ -148,8 +148,10 @@ class DataloadMagics(Magics):
         from kernelfleet.tools.dataload.cache import MinioCache, drop_cache
 
         if args.drop:
-            if args.dataset or args.size or args.name or args.share is not None:
-                raise UsageError("give --drop NAME alone")
+            if args.dataset or args.size or args.name or args.share == "":
+                raise UsageError("give --drop NAME alone (and --share KEY for a shared cache)")
+            if args.share is not None:
+                return self._drop_shared(args.drop, args.share)
             if not drop_cache(args.drop):
                 raise UsageError(f"there is no cache named {args.drop!r} on this host")
             print(f"dropped the cache {args.drop!r}")
@@ -167,6 +169,17 @@ class DataloadMagics(Magics):
                               f"%dataload cache DATASET --size {args.size} "
                               f"{'--name ' + args.name + ' ' if args.name else ''}")  # fmt: skip
         return SharedCache(dataset, args.size, key, name=args.name)
+
+    def _drop_shared(self, name: str, key: str) -> None:
+        from kernelfleet.tools.dataload.shared_cache import drop_shared_cache
+
+        try:
+            dropped = drop_shared_cache(name, key)
+        except ValueError as error:  # a malformed key
+            raise UsageError(str(error)) from None
+        if not dropped:
+            raise UsageError(f"the host agent holds no shared cache named {name!r}")
+        print(f"dropped the shared cache {name!r}")
 
     def _share_key(self, given: str, what: str, line: str) -> str:
         """``--share``'s key: a new one, printed with the line for the others, or the one

@@ -43,6 +43,50 @@ def verifier(key: str, name: str) -> str:
     return hmac.new(key.encode(), message, hashlib.sha256).hexdigest()
 
 
+def _proof(key: str, name: str, challenge: Any) -> str:
+    if not isinstance(challenge, str):
+        raise InvalidRequest(f"the cache broker sent a challenge of {type(challenge).__name__}")
+    return hmac.new(verifier(key, name).encode(), challenge.encode(), hashlib.sha256).hexdigest()
+
+
+def _broker_path(broker: str | None) -> str:
+    path = broker or os.environ.get(BROKER_ENV, "")
+    if not path:
+        raise InvalidRequest(
+            f"no cache broker: {BROKER_ENV} is not set (kernels of a kernelfleet host agent "
+            "have it); --share needs the host agent's broker"
+        )
+    return path
+
+
+def _connect(path: str) -> Channel:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError as error:
+        sock.close()
+        raise InvalidRequest(f"cannot reach the cache broker at {path}: {error}") from None
+    return Channel(sock, shared=True)
+
+
+def drop_shared_cache(name: str, key: str, broker: str | None = None) -> bool:
+    """Has the broker let the shared cache ``name`` go; False when there was none. Raises
+    `InvalidRequest` for a key that is not the cache's (`ValueError` for a malformed one)."""
+    check_key(key)
+    channel = _connect(_broker_path(broker))
+    try:
+        challenge = channel.receive(TIMEOUT_S)
+        channel.send(("drop", name, _proof(key, name, challenge[1])), TIMEOUT_S)
+        answer = channel.receive(TIMEOUT_S)
+    except (ConnectionClosed, ProtocolError, TimeoutError, OSError, IndexError) as error:
+        raise InvalidRequest(f"the cache broker failed: {error}") from None
+    finally:
+        channel.close()
+    if answer[0] == "error":
+        raise InvalidRequest(str(answer[1]))
+    return answer[0] == "dropped"
+
+
 class SharedCache(CachedDataset):
     """MinIO over ``dataset`` in the broker's cache ``name`` (the dataset's identity if None),
     made with ``size_bytes`` if it does not exist yet. Raises `InvalidRequest` when there is no
@@ -60,26 +104,13 @@ class SharedCache(CachedDataset):
         self.name = name or dataset_identity(dataset)
         self.size_bytes = size_bytes
         self._key = check_key(key)
-        self.broker = broker or os.environ.get(BROKER_ENV, "")
-        if not self.broker:
-            raise InvalidRequest(
-                f"no cache broker: {BROKER_ENV} is not set (kernels of a kernelfleet host agent "
-                "have it); --share needs the host agent's broker"
-            )
+        self.broker = _broker_path(broker)
         self._open()
 
     # -- the broker --------------------------------------------------------------------------
 
     def _open(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(self.broker)
-        except OSError as error:
-            sock.close()
-            raise InvalidRequest(
-                f"cannot reach the cache broker at {self.broker}: {error}"
-            ) from None
-        channel = Channel(sock, shared=True)
+        channel = _connect(self.broker)
         try:
             answer = self._handshake(channel)
             if answer[0] == "error":
@@ -113,11 +144,10 @@ class SharedCache(CachedDataset):
         challenge = channel.receive(TIMEOUT_S)
         if challenge[0] != "challenge" or not isinstance(challenge[1], str):
             raise InvalidRequest(f"the cache broker at {self.broker} sent {challenge!r:.100}")
-        mine = verifier(self._key, self.name)
-        proof = hmac.new(mine.encode(), challenge[1].encode(), hashlib.sha256).hexdigest()
-        channel.send(("open", self.name, proof), TIMEOUT_S)
+        channel.send(("open", self.name, _proof(self._key, self.name, challenge[1])), TIMEOUT_S)
         answer = channel.receive(TIMEOUT_S)
         if answer[0] == "absent":
+            mine = verifier(self._key, self.name)
             channel.send(("create", self.name, len(self.dataset), self.size_bytes, mine),
                          TIMEOUT_S)  # fmt: skip
             answer = channel.receive(TIMEOUT_S)

@@ -376,10 +376,13 @@ async def test_kernels_of_two_users_share_a_cache_through_their_agent(
         assert "the shared cache 'live' refused this share key" in wrong.reply["evalue"]
         huge = await second.execute("%dataload cache ds --size 100TB --name huge --share")
         assert huge.reply["ename"] == "UsageError"
-        assert (
+        assert huge.reply["evalue"].startswith(
             "a cache of 100000.00 GB (100000000000000 bytes) is larger than the free shared"
-            in (huge.reply["evalue"])
         )
+        dropped = await second.execute(f"%dataload cache --drop live --share {key}")
+        assert dropped.stdout == "dropped the shared cache 'live'\n", dropped.reply
+        gone = await first.execute(f"%dataload cache --drop live --share {key}")
+        assert "the host agent holds no shared cache named 'live'" in gone.reply["evalue"]
     finally:
         for client in clients:
             client.close()

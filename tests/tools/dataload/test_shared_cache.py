@@ -24,7 +24,7 @@ from kernelfleet.kernels.agent.cache_broker import CacheBroker, data_start  # no
 from kernelfleet.privileges import kernel_uid  # noqa: E402
 from kernelfleet.tools.dataload import shared_cache  # noqa: E402
 from kernelfleet.tools.dataload.share import new_key  # noqa: E402
-from kernelfleet.tools.dataload.shared_cache import SharedCache  # noqa: E402
+from kernelfleet.tools.dataload.shared_cache import SharedCache, drop_shared_cache  # noqa: E402
 from kernelfleet.tools.dataload.synthetic import SyntheticDataset  # noqa: E402
 from kernelfleet.tools.dataload.tensor_format import encode  # noqa: E402
 
@@ -125,4 +125,20 @@ def test_an_item_the_format_cannot_carry_is_refused_naming_it(broker: CacheBroke
                         broker=str(broker.path))  # fmt: skip
     with pytest.raises(TypeError, match=r"item\['p'\]: a PosixPath cannot be shared"):
         cache[0]
+    cache.close()
+
+
+def test_a_key_holder_drops_it_and_a_stranger_cannot(broker: CacheBroker) -> None:
+    key = new_key()
+    cache = SharedCache(list(range(4)), 10**5, key, name="dropped", broker=str(broker.path))
+    _ = [cache[i] for i in range(4)]
+    with pytest.raises(InvalidRequest, match="refused this share key"):
+        drop_shared_cache("dropped", new_key(), broker=str(broker.path))
+    assert drop_shared_cache("dropped", key, broker=str(broker.path))
+    assert [cache[i] for i in range(4)] == list(range(4))  # its mapping outlives the drop
+    assert cache.counts.hits == 4
+    assert not drop_shared_cache("dropped", key, broker=str(broker.path))
+    again = SharedCache(list(range(4)), 10**5, key, name="dropped", broker=str(broker.path))
+    assert again.cached_items == 0  # a new, empty cache of that name
+    again.close()
     cache.close()
