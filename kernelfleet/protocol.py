@@ -428,6 +428,9 @@ class JobEnv(enum.StrEnum):
     """The job's checkpoint folder in the object store (``<root>/job-<id>``): the job saves
     there and resumes from there; it outlives the job's process until the job ends."""
 
+    CACHE_BROKER = "KERNELFLEET_CACHE_BROKER"
+    """As `ReplicaEnv.CACHE_BROKER`: a job joins a shared cache as a kernel does."""
+
 
 # ---- tool workers (`kernelfleet.gateway.tool_workers`, `kernelfleet.kernels.agent.tool_workers`)
 

@@ -561,18 +561,19 @@ class HostAgentApp(Application):
             isolation=self.isolation,
             keep_logs_for=max(0.0, self.replica_logs_kept_days) * 86400,
         )
-        self.cache_broker = CacheBroker(self.state_path / CACHE_BROKER_SOCKET)
-        try:
-            self.cache_broker.start()
-            self.replicas.cache_broker = self.cache_broker.path
-        except OSError as error:
-            self.log.warning("no shared caches on this host: the cache broker cannot listen at "
-                             "%s: %s", self.cache_broker.path, error)  # fmt: skip
         self.replicas.remove_stale_folders()
         self.jobs = JobTable(
             self.state_path, self.isolation, self.gateway_url, self._on_replicas_changed
         )
         self.workers = WorkerTable(self.state_path, self.isolation, "", self._on_replicas_changed)
+        self.cache_broker = CacheBroker(self.state_path / CACHE_BROKER_SOCKET)
+        try:
+            self.cache_broker.start()
+        except OSError as error:
+            self.log.warning("no shared caches on this host: the cache broker cannot listen at "
+                             "%s: %s", self.cache_broker.path, error)  # fmt: skip
+        else:  # kernels and jobs learn its socket (tool workers run pipeline stages only)
+            self.replicas.cache_broker = self.jobs.cache_broker = self.cache_broker.path
 
     def init_webapp(self) -> None:
         self.web_app = web.Application(

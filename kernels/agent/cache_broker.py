@@ -63,6 +63,8 @@ ALIGNMENT = 64
 MAX_FRAME = 1 << 20
 MAX_NAME = 128
 MAX_ITEMS = 1 << 31
+MAX_CONNECTIONS = 512
+"""Connections served at once (a thread each); more are closed at once."""
 FRAME_LENGTH = struct.Struct(">I")
 SHM_DIR = Path("/dev/shm")
 SOCKET_NAME = "cache-broker.sock"
@@ -171,6 +173,7 @@ class CacheBroker:
         self.caches: dict[str, Cache] = {}
         self.lock = threading.Lock()
         self.listener: socket.socket | None = None
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
     # -- life --------------------------------------------------------------------------------
 
@@ -206,6 +209,10 @@ class CacheBroker:
                 sock, _ = self.listener.accept()
             except OSError:
                 return
+            if not self.slots.acquire(blocking=False):
+                log.warning("cache broker: %d connections open, refusing another", MAX_CONNECTIONS)
+                sock.close()
+                continue
             threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
 
     # -- one connection ----------------------------------------------------------------------
@@ -216,6 +223,8 @@ class CacheBroker:
                 Connection(self, sock).run()
         except (OSError, EOFError, ValueError) as error:
             log.debug("cache broker: a connection ended: %s", error)
+        finally:
+            self.slots.release()
 
     def open(self, name: str, challenge: str, proof: Any) -> Cache | None:
         with self.lock:

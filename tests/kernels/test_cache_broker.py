@@ -30,6 +30,9 @@ from kernelfleet.kernels.agent.cache_broker import (
     CacheBroker,
     data_start,
 )
+from kernelfleet.kernels.agent.jobs import JobRequest, JobTable
+from kernelfleet.kernels.agent.kernel_process import KernelUser, choose_isolation
+from kernelfleet.protocol import JobEnv
 
 VERIFIER = "ab" * 32
 
@@ -200,3 +203,13 @@ def test_a_put_out_of_range_ends_the_connection(broker: CacheBroker) -> None:
     with pytest.raises((EOFError, ConnectionResetError)):
         client.receive()
     client.close()
+
+
+def test_jobs_are_told_the_brokers_socket(tmp_path: Path) -> None:
+    """Kernels are (the live cache test reaches the broker from two kernels); jobs too."""
+    table = JobTable(tmp_path, choose_isolation(KernelUser.SAME, tmp_path), base_env={})
+    request = JobRequest("job-1", ("0",), {}, "print(1)", None, ())
+    assert JobEnv.CACHE_BROKER.value not in table._job_env(request, {})
+    table.cache_broker = tmp_path / "cache-broker.sock"
+    env = table._job_env(request, {})
+    assert env[JobEnv.CACHE_BROKER.value] == str(tmp_path / "cache-broker.sock")

@@ -333,7 +333,8 @@ class Coordinator:
         self.leave(member)
 
     def leave(self, member: Member) -> None:
-        """Drops a member: batches stop waiting for it; the group ends with its last member."""
+        """Drops a member: batches stop waiting for it; the group ends with its last member (a
+        connection that never joined, such as a stranger's to a shared group, does not count)."""
         if member not in self.members:
             return
         self.members.remove(member)
@@ -341,7 +342,7 @@ class Coordinator:
         member.sock.close()
         for seq in list(self.pending):
             self.took(member, seq)
-        if self.started and not self.members:
+        if self.started and not any(m.joined for m in self.members):
             raise Finished()
 
     def send(self, member: Member, message: Message, fds: list[int] | None = None) -> None:

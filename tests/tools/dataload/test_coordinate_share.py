@@ -68,6 +68,7 @@ def user(name: str) -> dict[str, int]:
 
 
 STARTED: list[subprocess.Popen[str]] = []
+STDERR: dict[int, Path] = {}
 
 
 @pytest.fixture(autouse=True)
@@ -78,16 +79,23 @@ def _stop_consumers() -> Iterator[None]:
         process = STARTED.pop()
         if process.poll() is None:
             process.kill()
-        process.communicate()
+        process.wait(30)
+        assert process.stdout is not None
+        process.stdout.close()
 
 
 def start(name: str, group: str, key: str, log_dir: Path, *extra: str) -> subprocess.Popen[str]:
+    """A consumer. Its standard error goes to a file: the coordinator and producer it may start
+    inherit it, and a pipe would stay open as long as they run."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(log_dir)}
-    STARTED.append(subprocess.Popen(
-        [sys.executable, str(CONSUMER), group, key, "2", str(log_dir), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=log_dir,
-        **user(name),  # type: ignore[arg-type]
-    ))  # fmt: skip
+    stderr = log_dir / f"stderr-{name}-{len(STDERR)}.txt"
+    with stderr.open("w") as errors:
+        STARTED.append(subprocess.Popen(
+            [sys.executable, str(CONSUMER), group, key, "2", str(log_dir), *extra],
+            stdout=subprocess.PIPE, stderr=errors, text=True, env=env, cwd=log_dir,
+            **user(name),  # type: ignore[arg-type]
+        ))  # fmt: skip
+    STDERR[STARTED[-1].pid] = stderr
     return STARTED[-1]
 
 
@@ -109,8 +117,8 @@ def line(process: subprocess.Popen[str]) -> dict[str, Any]:
     text = stdout.readline()
     if not text:
         process.wait(30)
-        assert process.stderr is not None
-        pytest.fail(f"consumer exited {process.returncode}: {process.stderr.read()[-3000:]}")
+        errors = STDERR[process.pid].read_text()[-3000:]
+        pytest.fail(f"consumer exited {process.returncode}: {errors}")
     result: dict[str, Any] = json.loads(text)
     return result
 
@@ -139,7 +147,10 @@ def test_two_users_share_one_group_each_batch_prepared_once(log_dir: Path) -> No
     first = start("a", group, key, log_dir)
     second = start("b", group, key, log_dir)
     joined = [line(first), line(second)]
+    stranger = connect_raw(group)  # connected, never proving: must not keep the group alive
     results = [finish(first), finish(second)]
+    gone_within(15, joined[0]["coordinator_pid"], joined[0]["producer_pid"])
+    stranger.close()
 
     assert results[0]["epochs"] == results[1]["epochs"] == reference_order()
     for result in results:
@@ -159,6 +170,20 @@ def test_two_users_share_one_group_each_batch_prepared_once(log_dir: Path) -> No
             "reopen_rw": "Permission denied",
             "truncate": "Invalid argument",
         }
+
+
+def gone_within(seconds: float, *pids: int) -> None:
+    deadline = time.monotonic() + seconds
+    while any(Path(f"/proc/{pid}").exists() and not zombie(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"still running: {pids}"
+        time.sleep(0.05)
+
+
+def zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def connect_raw(group: str) -> socket.socket:
