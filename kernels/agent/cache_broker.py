@@ -106,6 +106,8 @@ class Cache:
     view: mmap.mmap
     used: int = 0
     stored: int = 0
+    dropped: bool = False
+    """Let go by a key holder: no more puts; the mapping goes when the last connection does."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -118,6 +120,8 @@ class Cache:
     def reserve(self, index: int, nbytes: int) -> int | str:
         """The offset (into the data) for item ``index``'s ``nbytes``, or why not."""
         with self.lock:
+            if self.dropped:
+                return "the cache was dropped"
             if self._entry(index)[1] or index in self._pending:
                 return "already cached"
             if self.used + nbytes > self.capacity:
@@ -199,7 +203,8 @@ class CacheBroker:
             self.path.unlink()
         with self.lock:
             for cache in self.caches.values():
-                cache.view.close()
+                with contextlib.suppress(BufferError):  # a put in flight keeps it until it ends
+                    cache.view.close()
                 os.close(cache.fd)
             self.caches.clear()
 
@@ -244,8 +249,8 @@ class CacheBroker:
             cache = self.caches.pop(name, None)
         if cache is not None:
             with cache.lock:
-                cache.view.close()
-                os.close(cache.fd)
+                cache.dropped = True
+                os.close(cache.fd)  # the mapping stays while a connection may write into it
             log.info("shared cache %r dropped", name)
         return True
 

@@ -213,3 +213,21 @@ def test_jobs_are_told_the_brokers_socket(tmp_path: Path) -> None:
     table.cache_broker = tmp_path / "cache-broker.sock"
     env = table._job_env(request, {})
     assert env[JobEnv.CACHE_BROKER.value] == str(tmp_path / "cache-broker.sock")
+
+
+def test_a_dropped_cache_declines_puts_and_stays_readable(broker: CacheBroker) -> None:
+    holder, dropper = Client(broker), Client(broker)
+    holder.create("let-go")
+    holder.send("put", 0, 3, raw=b"one")
+    assert holder.receive() == ["stored"]
+    dropper.send("drop", "let-go", dropper.proof())
+    assert dropper.receive() == ["dropped"]
+    holder.send("put", 1, 3, raw=b"two")
+    assert holder.receive() == ["declined", "the cache was dropped"]
+    view = mmap.mmap(holder.fds[0], 4096, mmap.MAP_SHARED, mmap.PROT_READ)
+    assert view[data_start(4) : data_start(4) + 3] == b"one"
+    view.close()
+    dropper.send("open", "let-go", dropper.proof())
+    assert dropper.receive() == ["absent"]
+    holder.close()
+    dropper.close()

@@ -104,6 +104,7 @@ class SharedCache(CachedDataset):
         self.name = name or dataset_identity(dataset)
         self.size_bytes = size_bytes
         self._key = check_key(key)
+        self._broker_gone = False
         self.broker = _broker_path(broker)
         self._open()
 
@@ -181,10 +182,19 @@ class SharedCache(CachedDataset):
         return self._map[start : start + length]
 
     def _admit(self, index: int, blob: bytes) -> None:
+        """Offers the broker a missed item. The broker declines what is cached already, does
+        not fit, or comes after a drop; if it is gone (the agent stopped), the cache stops
+        filling and still serves what it holds."""
+        if self._broker_gone:
+            return
         self._reconnect_after_fork()
-        self._channel.send(("put", index, len(blob)), TIMEOUT_S)
-        self._channel.sock.sendall(blob)
-        answer = self._channel.receive(TIMEOUT_S)
+        try:
+            self._channel.send(("put", index, len(blob)), TIMEOUT_S)
+            self._channel.sock.sendall(blob)
+            answer = self._channel.receive(TIMEOUT_S)
+        except (ConnectionClosed, ProtocolError, TimeoutError, OSError):
+            self._broker_gone = True
+            return
         if answer[0] == "error":
             raise InvalidRequest(str(answer[1]))
 

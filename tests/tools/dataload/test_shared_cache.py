@@ -23,6 +23,7 @@ from kernelfleet.kernels.agent import cache_broker  # noqa: E402
 from kernelfleet.kernels.agent.cache_broker import CacheBroker, data_start  # noqa: E402
 from kernelfleet.privileges import kernel_uid  # noqa: E402
 from kernelfleet.tools.dataload import shared_cache  # noqa: E402
+from kernelfleet.tools.dataload.cache import CacheCounts  # noqa: E402
 from kernelfleet.tools.dataload.share import new_key  # noqa: E402
 from kernelfleet.tools.dataload.shared_cache import SharedCache, drop_shared_cache  # noqa: E402
 from kernelfleet.tools.dataload.synthetic import SyntheticDataset  # noqa: E402
@@ -141,4 +142,13 @@ def test_a_key_holder_drops_it_and_a_stranger_cannot(broker: CacheBroker) -> Non
     again = SharedCache(list(range(4)), 10**5, key, name="dropped", broker=str(broker.path))
     assert again.cached_items == 0  # a new, empty cache of that name
     again.close()
+    cache.close()
+
+
+def test_when_the_broker_is_gone_it_still_serves_and_loses_nothing(broker: CacheBroker) -> None:
+    cache = SharedCache(list(range(6)), 10**5, new_key(), name="orphan", broker=str(broker.path))
+    assert [cache[i] for i in range(3)] == [0, 1, 2]
+    broker.stop()  # the agent stopped: the mapping stays, filling stops
+    assert [cache[i] for i in range(6)] == list(range(6))
+    assert cache.reset_counts() == CacheCounts(hits=3, misses=6)
     cache.close()
