@@ -567,6 +567,9 @@ class HostAgentApp(Application):
         )
         self.workers = WorkerTable(self.state_path, self.isolation, "", self._on_replicas_changed)
         self.cache_broker = CacheBroker(self.state_path / CACHE_BROKER_SOCKET)
+
+    def start_cache_broker(self) -> None:
+        """Serves shared caches for as long as the agent serves (docs/dataload.md)."""
         try:
             self.cache_broker.start()
         except OSError as error:
@@ -644,6 +647,7 @@ class HostAgentApp(Application):
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signum, stopping)
+        self.start_cache_broker()
         server = HTTPServer(self.web_app)
         server.add_sockets(self.sockets)
         write_runtime(
