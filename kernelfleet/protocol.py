@@ -381,6 +381,10 @@ class ReplicaEnv(enum.StrEnum):
     """``ip:port`` reserved for the replica's Raft log; the replica holds the port until it
     joins. Set only for a replicated kernel."""
 
+    CACHE_BROKER = "KERNELFLEET_CACHE_BROKER"
+    """The unix socket of the host agent's broker of shared caches
+    (`kernelfleet.kernels.agent.cache_broker`); absent when the agent could not start it."""
+
     GPUS = "KERNELFLEET_GPUS"
     """The comma-separated ids of the GPUs bound to the running cell, empty between cells: the
     agent starts a replica with it empty (whatever the agent's own value, which for the agent is
@@ -442,6 +446,9 @@ class JobEnv(enum.StrEnum):
     CHECKPOINT = "KERNELFLEET_JOB_CHECKPOINT"
     """The job's checkpoint folder in the object store (``<root>/job-<id>``): the job saves
     there and resumes from there; it outlives the job's process until the job ends."""
+
+    CACHE_BROKER = "KERNELFLEET_CACHE_BROKER"
+    """As `ReplicaEnv.CACHE_BROKER`: a job joins a shared cache as a kernel does."""
 
 
 # ---- tool workers (`kernelfleet.gateway.tool_workers`, `kernelfleet.kernels.agent.tool_workers`)

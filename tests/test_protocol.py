@@ -79,6 +79,7 @@ WIRE: dict[type[enum.StrEnum], dict[str, str]] = {
         "LOG_LEVEL": "KERNELFLEET_REPLICA_LOG_LEVEL",
         "KERNEL_STORE": "KERNELFLEET_KERNEL_STORE",
         "HOST_ADDRESS": "KERNELFLEET_HOST_ADDRESS",
+        "CACHE_BROKER": "KERNELFLEET_CACHE_BROKER",
     },
     JobEnv: {
         "JOB_ID": "KERNELFLEET_JOB_ID",
@@ -86,6 +87,7 @@ WIRE: dict[type[enum.StrEnum], dict[str, str]] = {
         "GATEWAY_URL": "KERNELFLEET_GATEWAY_URL",
         "STEPS": "KERNELFLEET_JOB_STEPS",
         "CHECKPOINT": "KERNELFLEET_JOB_CHECKPOINT",
+        "CACHE_BROKER": "KERNELFLEET_CACHE_BROKER",
     },
 }
 

@@ -54,6 +54,8 @@ from traitlets import (
 from traitlets.config import Application, catch_config_error
 
 from kernelfleet import __version__
+from kernelfleet.kernels.agent.cache_broker import SOCKET_NAME as CACHE_BROKER_SOCKET
+from kernelfleet.kernels.agent.cache_broker import CacheBroker
 from kernelfleet.kernels.agent.gpu_control import (
     GpuControl,
     GpuControlFailed,
@@ -575,6 +577,17 @@ class HostAgentApp(Application):
             self.state_path, self.isolation, self.gateway_url, self._on_replicas_changed
         )
         self.workers = WorkerTable(self.state_path, self.isolation, "", self._on_replicas_changed)
+        self.cache_broker = CacheBroker(self.state_path / CACHE_BROKER_SOCKET)
+
+    def start_cache_broker(self) -> None:
+        """Serves shared caches for as long as the agent serves (docs/dataload.md)."""
+        try:
+            self.cache_broker.start()
+        except OSError as error:
+            self.log.warning("no shared caches on this host: the cache broker cannot listen at "
+                             "%s: %s", self.cache_broker.path, error)  # fmt: skip
+        else:  # kernels and jobs learn its socket (tool workers run pipeline stages only)
+            self.replicas.cache_broker = self.jobs.cache_broker = self.cache_broker.path
 
     def init_webapp(self) -> None:
         self.web_app = web.Application(
@@ -646,6 +659,7 @@ class HostAgentApp(Application):
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signum, stopping)
+        self.start_cache_broker()
         server = HTTPServer(self.web_app)
         server.add_sockets(self.sockets)
         write_runtime(
@@ -690,6 +704,7 @@ class HostAgentApp(Application):
         )
         tasks = [task for task in (beats, linking) if task is not None]
         await asyncio.gather(watcher, *tasks, return_exceptions=True)
+        self.cache_broker.stop()
         try:
             await asyncio.wait_for(server.close_all_connections(), timeout=1.0)
         except TimeoutError:

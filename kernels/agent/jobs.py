@@ -168,6 +168,8 @@ class JobTable:
         self.gateway_url = gateway_url
         self._on_change = on_change
         self._base_env = dict(os.environ if base_env is None else base_env)
+        self.cache_broker: Path | None = None
+        """The socket of the agent's cache broker, told to its processes; None: no broker."""
         self._jobs: dict[str, JobProcess] = {}
         self._watchers: set[asyncio.Task[None]] = set()
 
@@ -321,6 +323,8 @@ class JobTable:
         env[JobEnv.JOB_ID.value] = request.job_id
         env["CUDA_VISIBLE_DEVICES"] = ",".join(request.devices)
         env["KERNELFLEET_GPUS"] = ",".join(request.devices)
+        if self.cache_broker is not None:
+            env[JobEnv.CACHE_BROKER.value] = str(self.cache_broker)
         return env
 
     def _watch(self, watching: Coroutine[Any, Any, None]) -> None:

@@ -285,6 +285,8 @@ class ReplicaTable:
         keep_logs_for: float = 0.0,
     ) -> None:
         self.replicas_dir = state_dir / "replicas"
+        self.cache_broker: Path | None = None
+        """The socket of the agent's cache broker, told to replicas; None: no broker."""
         self.keep_logs_for = keep_logs_for
         self.isolation = isolation or choose_isolation(KernelUser.SAME, self.replicas_dir)
         self.kernel_spec_manager = kernel_spec_manager
@@ -556,6 +558,8 @@ class ReplicaTable:
         env[ReplicaEnv.GPUS.value] = ""  # none bound until a cell runs (not the agent's GPU count)
         if replica.raft_address:
             env[ReplicaEnv.RAFT_ADDRESS.value] = replica.raft_address
+        if self.cache_broker is not None:
+            env[ReplicaEnv.CACHE_BROKER.value] = str(self.cache_broker)
         return env
 
     def _kernel_cwd(self, replica: Replica, folders: ReplicaFolders) -> Path:

@@ -55,11 +55,18 @@ class CachedDataset(ABC):
         blob = self._lookup(index)
         if blob is not None:
             self._hits += 1
-            return pickle.loads(blob)
+            return self._decode(blob)
         self._misses += 1
         item = self.dataset[index]
-        self._admit(index, pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
+        self._admit(index, self._encode(item))
         return item
+
+    def _encode(self, item: Any) -> bytes:
+        """An item as the cache keeps it: pickled (a cache of one user's processes)."""
+        return pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _decode(self, blob: bytes) -> Any:
+        return pickle.loads(blob)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A copy in another process (a loader worker) counts its own accesses from zero."""

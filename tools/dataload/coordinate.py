@@ -27,6 +27,11 @@ here hangs on a dead or missing peer.
   error;
 - if the producer fails or dies, every consumer's next batch raises `CoordinationError` with the
   producer's error or its signal, and the group's shared memory is removed.
+
+A group is a user's own unless it is formed with a share key (``share=KEY``, see `share`): then
+kernels of other users (per-kernel users, docs/security.md) who pass the same key join it. The
+key is proven, never sent, both ways; batches reach them in `tensor_format` through read-only
+descriptors, and nothing of theirs is ever unpickled by another user's process.
 """
 
 from __future__ import annotations
@@ -42,19 +47,27 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import cloudpickle
 from torch.utils.data import DataLoader, IterableDataset
 
 import kernelfleet
 from kernelfleet.tools.dataload import coordinate_server as server
-from kernelfleet.tools.dataload.coordinate_batches import read_batch
-from kernelfleet.tools.dataload.coordinate_wire import Channel, ConnectionClosed, Message
+from kernelfleet.tools.dataload import share as share_keys
+from kernelfleet.tools.dataload.coordinate_batches import read_all, read_batch
+from kernelfleet.tools.dataload.coordinate_wire import (
+    Channel,
+    ConnectionClosed,
+    Message,
+    ProtocolError,
+)
+from kernelfleet.tools.dataload.tensor_format import TensorFormatError, decode
 
 GROUP_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 MAX_GROUP_LENGTH = 64
 JOIN_GRACE_S = 5.0
+LAST_WORD_S = 1.0
 
 
 class CoordinationError(RuntimeError):
@@ -91,7 +104,7 @@ def loader_signature(loader: DataLoader[Any]) -> dict[str, Any]:
     }
 
 
-def _check(loader: Any, group: str, consumers: int, timeout: float) -> None:
+def _check(loader: Any, group: str, consumers: int, timeout: float, key: str | None) -> None:
     if not isinstance(loader, DataLoader):
         raise TypeError(f"coordinate needs a torch DataLoader, not {type(loader).__name__}")
     if isinstance(loader.dataset, IterableDataset):
@@ -106,6 +119,8 @@ def _check(loader: Any, group: str, consumers: int, timeout: float) -> None:
         raise ValueError(f"consumers must be at least 1, not {consumers}")
     if not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout}")
+    if key is not None:
+        share_keys.check_key(key)
 
 
 def _child_environment() -> dict[str, str]:
@@ -116,10 +131,10 @@ def _child_environment() -> dict[str, str]:
     return env
 
 
-def _connect(group: str) -> socket.socket | None:
+def _connect(group: str, shared: bool) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(server.address(group))
+        sock.connect(server.address(group, shared))
     except (ConnectionRefusedError, FileNotFoundError):
         sock.close()
         return None
@@ -146,11 +161,17 @@ def _pickle(loader: DataLoader[Any]) -> bytes:
                 cloudpickle.unregister_pickle_by_value(spawned_main)
 
 
-def _start_coordinator(loader: DataLoader[Any], group: str, consumers: int, timeout: float) -> None:
-    """Starts the group's coordinator; returns once it (or a rival) listens."""
+def _start_coordinator(
+    loader: DataLoader[Any], group: str, consumers: int, timeout: float, key: str | None
+) -> None:
+    """Starts the group's coordinator; returns once it (or a rival) listens. The key goes on its
+    standard input (a command line is readable by every user of the host)."""
     payload = _pickle(loader)
     command = [sys.executable, "-m", "kernelfleet.tools.dataload.coordinate_server", group,
                str(consumers), repr(timeout)]  # fmt: skip
+    if key is not None:
+        command.append("shared")
+        payload = key.encode() + b"\n" + payload
     process = subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_environment()
     )
@@ -169,17 +190,17 @@ def _start_coordinator(loader: DataLoader[Any], group: str, consumers: int, time
 
 
 def _rendezvous(
-    loader: DataLoader[Any], group: str, consumers: int, timeout: float
+    loader: DataLoader[Any], group: str, consumers: int, timeout: float, key: str | None
 ) -> socket.socket:
     """A connection to the group's coordinator, started here if there is none."""
     deadline = time.monotonic() + timeout
     started = False
     while True:
-        sock = _connect(group)
+        sock = _connect(group, key is not None)
         if sock is not None:
             return sock
         if not started:
-            _start_coordinator(loader, group, consumers, timeout)
+            _start_coordinator(loader, group, consumers, timeout, key)
             started = True
         elif time.monotonic() > deadline:
             raise CoordinationError(f"cannot reach the coordinator of group {group}")
@@ -187,8 +208,49 @@ def _rendezvous(
             time.sleep(0.01)  # a rival coordinator has bound the address and is about to listen
 
 
+def _prove(channel: Channel, group: str, key: str, timeout: float) -> None:
+    """The shared group's handshake: we prove we know ``key``, then check that the process we
+    reached proves it too (else it is not the group's coordinator: a rival holding the name)."""
+    impostor = (
+        f"the process holding group {group}'s address did not prove it knows the share key: "
+        "it is not the coordinator of a group formed with this key"
+    )
+    try:
+        challenge = channel.receive(timeout)
+        if challenge[0] == "error" and len(challenge) == 2:
+            raise CoordinationError(str(challenge[1]))
+        if challenge[0] != "challenge" or not share_keys.is_nonce(challenge[1]):
+            raise CoordinationError(impostor)
+        ours = share_keys.new_nonce()
+        channel.send(
+            ("prove", ours, share_keys.proof(key, "consumer", challenge[1], ours)), timeout
+        )
+        answer = channel.receive(timeout)
+    except (ConnectionClosed, ProtocolError, TimeoutError, IndexError, OSError) as error:
+        channel.close()
+        raise CoordinationError(f"{impostor} ({error})") from None
+    except CoordinationError:
+        channel.close()
+        raise
+    if answer[0] == "error" and len(answer) == 2:
+        channel.close()
+        raise CoordinationError(str(answer[1]))
+    if not (
+        answer[0] == "proven"
+        and len(answer) == 2
+        and share_keys.proven(key, answer[1], "coordinator", ours, challenge[1])
+    ):
+        channel.close()
+        raise CoordinationError(impostor)
+
+
 def coordinate(
-    loader: DataLoader[Any], group: str, *, consumers: int, timeout: float = 60.0
+    loader: DataLoader[Any],
+    group: str,
+    *,
+    consumers: int,
+    timeout: float = 60.0,
+    share: str | None = None,
 ) -> CoordinatedLoader:
     """Joins (or forms) the group ``group`` of ``consumers`` processes sharing ``loader``'s batches.
 
@@ -197,9 +259,15 @@ def coordinate(
     differences). The group's producer iterates the loader of the member that came first.
     Blocks until all ``consumers`` joined; raises `CoordinationError` if they do not within
     ``timeout`` seconds, which also bounds every later wait for a batch.
+
+    ``share``: a share key (`share.new_key`): the group admits processes of any user of the host
+    that pass the same key, and only those; a wrong key is refused by the group. Its batches
+    must then hold only what `tensor_format` carries. Without it, the group is this user's.
     """
-    _check(loader, group, consumers, timeout)
-    channel = Channel(_rendezvous(loader, group, consumers, timeout))
+    _check(loader, group, consumers, timeout, share)
+    channel = Channel(_rendezvous(loader, group, consumers, timeout, share), shared=bool(share))
+    if share is not None:
+        _prove(channel, group, share, timeout)
     channel.send(("join", loader_signature(loader), os.getpid()), timeout)
     # The coordinator's own deadline comes first and its verdict follows its clean-up; ours is
     # the fallback for a coordinator that hangs.
@@ -217,6 +285,9 @@ def coordinate(
             raise CoordinationError(
                 f"the coordinator of group {group} went away before it formed"
             ) from None
+        except ProtocolError as error:
+            channel.close()
+            raise CoordinationError(f"the coordinator of group {group} sent {error}") from None
         if message[0] == "joined":
             joined = message[1]
         elif message[0] == "error":
@@ -244,6 +315,35 @@ def _open_slots(group: str, paths: list[str]) -> list[int]:
     return fds
 
 
+def _shared_slots(channel: Channel, group: str, info: Any) -> list[int]:
+    """The read-only slot descriptors that came with a shared group's welcome."""
+    fds, channel.fds = channel.fds, []
+    if len(fds) != server.SLOTS or not (
+        isinstance(info, dict)
+        and all(isinstance(info.get(k), int) for k in ("producer_pid", "coordinator_pid"))
+    ):
+        for fd in fds:
+            os.close(fd)
+        raise CoordinationError(f"the coordinator of group {group} sent a malformed welcome "
+                                f"({len(fds)} slots)")  # fmt: skip
+    return fds
+
+
+def _consumer_message(message: Message) -> bool:
+    """Whether a shared group's coordinator sent a message of a shape a consumer acts on."""
+    shapes = {"batch": 7, "end": 4, "error": 2}
+    kind = message[0]
+    if shapes.get(kind) != len(message):
+        return False
+    if kind == "error":
+        return True
+    prepared = message[-1]
+    numbers = (
+        [*message[1 : 3 if kind == "end" else 6], *prepared] if isinstance(prepared, list) else []
+    )
+    return len(numbers) >= 2 and all(isinstance(n, int) for n in numbers)
+
+
 class CoordinatedLoader:
     """This consumer's view of a group: iterable (one epoch per ``iter()``), sized, with `stats`.
 
@@ -256,11 +356,15 @@ class CoordinatedLoader:
         self.group = group
         self.consumers = consumers
         self.timeout = timeout
+        self.shared = channel.shared
+        if self.shared:
+            self._slots = _shared_slots(channel, group, info)
+        else:
+            self._slots = _open_slots(group, info["slots"])
         self.producer_pid: int = info["producer_pid"]
         self.coordinator_pid: int = info["coordinator_pid"]
         self._batches = batches
         self._channel = channel
-        self._slots = _open_slots(group, info["slots"])
         self._stats = CoordinationStats()
         self._next_epoch = 0
         self._failure: CoordinationError | None = None
@@ -307,7 +411,7 @@ class CoordinatedLoader:
                     self._count(message[3], epochs=1)
                     return
                 _, seq, _, _, slot, meta, prepared = message
-                batch = read_batch(self._slots[slot], meta)
+                batch = self._read(slot, meta)
                 self._send(("took", seq))
                 self._count(prepared, consumed=1)
                 yield batch
@@ -315,6 +419,27 @@ class CoordinatedLoader:
             if not finished and self._failure is None and self._finalizer.alive:
                 with contextlib.suppress(CoordinationError):
                     self._send(("skip", epoch))
+
+    def _read(self, slot: Any, meta: Any) -> Any:
+        """The batch in ``slot``, as new tensors. In a shared group, whatever the other side
+        sent is checked: a slot it names, a length the slot holds, a valid encoding."""
+        if not self.shared:
+            return read_batch(self._slots[slot], meta)
+        if not (isinstance(slot, int) and 0 <= slot < len(self._slots) and isinstance(meta, int)):
+            self._fail(f"the coordinator of group {self.group} named slot {slot!r} of "
+                       f"{len(self._slots)} and {meta!r} bytes")  # fmt: skip
+        fd = self._slots[slot]
+        size = os.fstat(fd).st_size
+        if not 0 < meta <= size:
+            self._fail(f"the producer of group {self.group} announced a batch of {meta} bytes "
+                       f"in a slot of {size}")  # fmt: skip
+        encoded = bytearray(meta)
+        read_all(fd, memoryview(encoded), 0)
+        try:
+            return decode(encoded)
+        except TensorFormatError as error:
+            self._fail(f"the producer of group {self.group} sent a batch that is not "
+                       f"well-formed: {error}")  # fmt: skip
 
     def _count(self, prepared: tuple[int, int], consumed: int = 0, epochs: int = 0) -> None:
         stats = self._stats
@@ -328,7 +453,20 @@ class CoordinatedLoader:
         try:
             self._channel.send(message, self.timeout)
         except (ConnectionClosed, OSError):
+            reported = self._last_word()
+            if reported is not None:
+                self._fail(reported)
             self._fail(self._coordinator_gone(), remove_slots=True)
+
+    def _last_word(self) -> str | None:
+        """The error the coordinator sent before it closed, if it did (a consumer that was not
+        reading when the group failed finds the socket closed when it next sends)."""
+        with contextlib.suppress(ConnectionClosed, TimeoutError, ProtocolError, OSError):
+            while True:
+                message = self._channel.receive(LAST_WORD_S)
+                if message[0] == "error" and len(message) == 2:
+                    return str(message[1])
+        return None
 
     def _coordinator_gone(self) -> str:
         return (
@@ -352,22 +490,26 @@ class CoordinatedLoader:
                 ) from None
             except (ConnectionClosed, OSError):
                 self._fail(self._coordinator_gone(), remove_slots=True)
+            except ProtocolError as error:
+                self._fail(f"the coordinator of group {self.group} sent {error}")
             finally:
                 waited = time.monotonic() - started
                 self._stats = replace(self._stats, wait_s=self._stats.wait_s + waited)
+            if self.shared and not _consumer_message(message):
+                self._fail(f"the coordinator of group {self.group} sent {message!r:.100}")
             kind = message[0]
             if kind == "error":
-                self._fail(message[1])
+                self._fail(str(message[1]))
             if (kind == "batch" and message[2] == epoch) or (kind == "end" and message[1] == epoch):
                 return message
             if kind == "batch":  # of an epoch this consumer abandoned: let it go
                 self._send(("took", message[1]))
 
-    def _fail(self, text: str, remove_slots: bool = False) -> Any:
+    def _fail(self, text: str, remove_slots: bool = False) -> NoReturn:
         """Records the group's end and raises it. The coordinator removes the shared memory
         before it reports a failure; when it died instead (``remove_slots``), we do."""
         self._failure = CoordinationError(text)
-        if remove_slots:
+        if remove_slots and not self.shared:  # a shared group's slots have no names
             server.remove_slots(self.group)
         self._finalizer()
         raise self._failure

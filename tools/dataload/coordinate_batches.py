@@ -58,14 +58,16 @@ def _map(value: Any, leaf: Any) -> Any:
     return value
 
 
-def _write_all(fd: int, data: memoryview, offset: int) -> None:
+def write_all(fd: int, data: memoryview, offset: int) -> None:
+    """Writes all of ``data`` at ``offset`` of the file ``fd``."""
     while data:
         written = os.pwrite(fd, data, offset)
         data = data[written:]
         offset += written
 
 
-def _read_all(fd: int, into: memoryview, offset: int) -> None:
+def read_all(fd: int, into: memoryview, offset: int) -> None:
+    """Fills ``into`` from ``offset`` of the file ``fd``; raises `EOFError` if it ends first."""
     while into:
         count = os.preadv(fd, [into], offset)
         if count == 0:
@@ -92,7 +94,7 @@ def write_batch(fd: int, batch: Any) -> bytes:
         os.ftruncate(fd, end)
     for offset, data in chunks:
         if data.numel():
-            _write_all(fd, data.numpy().data, offset)
+            write_all(fd, data.numpy().data, offset)
     return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -102,7 +104,7 @@ def read_batch(fd: int, meta: bytes) -> Any:
     def fetch(ref: TensorRef) -> torch.Tensor:
         tensor = torch.empty(ref.shape, dtype=ref.dtype)
         if ref.nbytes:
-            _read_all(fd, _as_bytes(tensor).numpy().data, ref.offset)
+            read_all(fd, _as_bytes(tensor).numpy().data, ref.offset)
         return tensor
 
     return _unref(pickle.loads(meta), fetch)

@@ -7,6 +7,10 @@ collate function do the work) one epoch per ``("epoch", e)`` it is sent, writes 
 slot the coordinator has freed, and announces it. The dataset is wrapped in `CountingDataset`, so
 each announcement says how many ``__getitem__`` calls the loader made so far, workers included.
 
+In a shared group (a third argument, ``shared``) each batch goes into its slot in
+`tensor_format` instead, and its ``meta`` is the encoding's byte length: the consumers may be
+other users, who must not unpickle what this process wrote.
+
 An exception in the loader is sent as ``("error", traceback)`` and the producer exits with 1; when
 the control socket closes (the coordinator is gone) it exits with 0.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import pickle
 import socket
 import sys
@@ -24,7 +29,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset
 
-from kernelfleet.tools.dataload.coordinate_batches import write_batch
+from kernelfleet.tools.dataload import tensor_format
+from kernelfleet.tools.dataload.coordinate_batches import write_all, write_batch
 from kernelfleet.tools.dataload.coordinate_wire import Channel, ConnectionClosed
 
 
@@ -71,8 +77,10 @@ def count_items(loader: DataLoader[Any]) -> Any:
 class Producer:
     """Makes epochs of batches on request, each into a slot the coordinator has freed."""
 
-    def __init__(self, loader: DataLoader[Any], control: Channel, slot_fds: list[int]) -> None:
+    def __init__(self, loader: DataLoader[Any], control: Channel, slot_fds: list[int],
+                 shared: bool = False) -> None:  # fmt: skip
         self.loader = loader
+        self.shared = shared
         self.control = control
         self.slot_fds = slot_fds
         self.counter = count_items(loader)
@@ -97,13 +105,23 @@ class Producer:
                 self.take()
             self.epoch(self.epochs.popleft())
 
+    def write(self, fd: int, batch: Any) -> bytes | int:
+        """Puts ``batch`` into the slot file ``fd``; returns its ``meta``."""
+        if not self.shared:
+            return write_batch(fd, batch)
+        encoded = tensor_format.encode(batch)
+        if os.fstat(fd).st_size < len(encoded):
+            os.ftruncate(fd, len(encoded))
+        write_all(fd, memoryview(encoded), 0)
+        return len(encoded)
+
     def epoch(self, epoch: int) -> None:
         index = -1
         for index, batch in enumerate(self.loader):
             while not self.free:
                 self.take()
             slot = self.free.popleft()
-            meta = write_batch(self.slot_fds[slot], batch)
+            meta = self.write(self.slot_fds[slot], batch)
             self.batches += 1
             self.control.send(
                 ("batch", self.batches - 1, epoch, index, slot, meta, self.prepared())
@@ -116,7 +134,7 @@ def main(argv: list[str]) -> int:
     slot_fds = [int(fd) for fd in argv[1].split(",")]
     try:
         loader = pickle.loads(sys.stdin.buffer.read())
-        Producer(loader, control, slot_fds).run()
+        Producer(loader, control, slot_fds, shared=argv[2:] == ["shared"]).run()
     except ConnectionClosed:
         return 0
     except BaseException as error:

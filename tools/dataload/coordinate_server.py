@@ -16,6 +16,14 @@ then serves until the group is over:
   producer is stopped. Only a SIGKILL of the coordinator skips that; then the consumers remove
   the slot files, and the producer exits when it sees its control socket close.
 
+A *shared* group (``... GROUP CONSUMERS TIMEOUT shared``, the share key on the first line of
+standard input) admits consumers of any user who prove they know the key, and proves it knows it
+in turn (`share`); its messages to and from them are JSON, never pickles. Its slots are unnamed
+files (``O_TMPFILE`` in ``/dev/shm``, mode 0600): the producer writes them through its own
+descriptors, and each consumer gets read-only descriptors with its welcome (``SCM_RIGHTS``), so
+no other user can name, write or resize them, and nothing is left to clean up whatever way the
+group ends.
+
 It imports no torch: it moves opaque ``meta`` bytes, never tensors.
 """
 
@@ -34,7 +42,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelfleet.tools.dataload.coordinate_wire import FrameReader, Message, encode
+from kernelfleet.tools.dataload import share
+from kernelfleet.tools.dataload.coordinate_wire import FrameReader, Message, ProtocolError, encode
 
 log = logging.getLogger("kernelfleet.tools.dataload.coordinate")
 
@@ -44,15 +53,36 @@ SLOTS = 4
 STOP_GRACE_S = 5.0
 
 
-def address(group: str) -> str:
-    """The group's abstract unix socket address: freed by the kernel when its holder dies."""
+def address(group: str, shared: bool = False) -> str:
+    """The group's abstract unix socket address: freed by the kernel when its holder dies.
+
+    A user's own groups are named by uid; a shared group by its name alone, so that a wrong key
+    meets the group and is told so (and a rival holding the name is found out by its proof)."""
+    if shared:
+        return f"\0kernelfleet-coordinate-shared-{group}"
     return f"\0kernelfleet-coordinate-{os.getuid()}-{group}"
+
+
+def _shm_folder() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
 
 
 def slot_paths(group: str) -> list[str]:
     """The group's slot files, in ``/dev/shm`` (tmpfs) where it exists."""
-    folder = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+    folder = _shm_folder()
     return [f"{folder}/kernelfleet-coordinate-{os.getuid()}-{group}-slot{i}" for i in range(SLOTS)]
+
+
+def unnamed_slots() -> tuple[list[int], list[int]]:
+    """A shared group's slots: unnamed files of this user only, as (read-write, read-only)
+    descriptors. A read-only descriptor gives no way to write: the file has no name to open,
+    and reopening ``/proc/self/fd/N`` for writing is refused to other users by its mode."""
+    writable, readable = [], []
+    for _ in range(SLOTS):
+        fd = os.open(_shm_folder(), os.O_TMPFILE | os.O_RDWR, 0o600)
+        writable.append(fd)
+        readable.append(os.open(f"/proc/self/fd/{fd}", os.O_RDONLY))
+    return writable, readable
 
 
 def remove_slots(group: str) -> None:
@@ -71,6 +101,8 @@ class Member:
     joined: bool = False
     skipped_through: int = -1
     reader: FrameReader = field(default_factory=FrameReader)
+    challenge: str = ""
+    """Of a shared group: the nonce this member must prove the key over; empty once proven."""
 
 
 @dataclass
@@ -89,8 +121,11 @@ class Finished(Exception):
 class Coordinator:
     """Serves one group; `run` returns when the group is over."""
 
-    def __init__(self, group: str, consumers: int, timeout: float, listener: socket.socket) -> None:
+    def __init__(self, group: str, consumers: int, timeout: float, listener: socket.socket,
+                 key: str | None = None) -> None:  # fmt: skip
         self.group = group
+        self.key = key
+        self.readable_slots: list[int] = []
         self.consumers = consumers
         self.timeout = timeout
         self.listener = listener
@@ -108,12 +143,16 @@ class Coordinator:
 
     def start_producer(self, loader: bytes) -> None:
         """Creates the slot files and starts the producer with them and the loader."""
-        fds = [
-            os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600) for p in slot_paths(self.group)
-        ]
+        if self.key is not None:
+            fds, self.readable_slots = unnamed_slots()
+        else:
+            fds = [os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+                   for p in slot_paths(self.group)]  # fmt: skip
         self.control, theirs = socket.socketpair()
         command = [sys.executable, "-m", "kernelfleet.tools.dataload.coordinate_producer",
                    str(theirs.fileno()), ",".join(map(str, fds))]  # fmt: skip
+        if self.key is not None:
+            command.append("shared")
         self.producer = subprocess.Popen(
             command, stdin=subprocess.PIPE, pass_fds=[*fds, theirs.fileno()]
         )
@@ -141,7 +180,11 @@ class Coordinator:
             log.exception("group %s: the coordinator failed", self.group)
             message = f"the coordinator of group {self.group} failed: {error!r}"
         finally:
-            remove_slots(self.group)
+            if self.key is None:
+                remove_slots(self.group)
+            for fd in self.readable_slots:
+                os.close(fd)
+            self.readable_slots = []
             if message is not None:
                 for member in list(self.members):
                     self.send(member, ("error", message))
@@ -184,15 +227,22 @@ class Coordinator:
     # -- members -----------------------------------------------------------------------------
 
     def accept(self) -> None:
+        """Admits a connection: of this user, or in a shared group anyone, who must then prove
+        the key before anything else it says counts."""
         sock, _ = self.listener.accept()
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _, uid, _ = struct.unpack("3i", creds)
-        if uid != os.getuid():
-            sock.close()
-            return
-        member = Member(sock)
+        if self.key is None:
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            _, uid, _ = struct.unpack("3i", creds)
+            if uid != os.getuid():
+                sock.close()
+                return
+            member = Member(sock)
+        else:
+            member = Member(sock, reader=FrameReader(shared=True), challenge=share.new_nonce())
         self.members.append(member)
         self.selector.register(sock, selectors.EVENT_READ, member)
+        if member.challenge:
+            self.send(member, ("challenge", member.challenge))
 
     def on_member_data(self, member: Member) -> None:
         try:
@@ -202,8 +252,36 @@ class Coordinator:
         if not data:
             self.leave(member)
             return
-        for message in member.reader.feed(data):
-            self.on_member_message(member, message)
+        try:
+            messages = member.reader.feed(data)
+        except ProtocolError as error:
+            log.warning("group %s: dropping a consumer that sent %s", self.group, error)
+            self.leave(member)
+            return
+        for message in messages:
+            if member not in self.members:
+                return
+            if self.key is not None and not well_formed(message):
+                log.warning("group %s: dropping a consumer that sent %.80r", self.group, message)
+                self.leave(member)
+                return
+            if member.challenge:
+                self.on_proof(member, message)
+            else:
+                self.on_member_message(member, message)
+
+    def on_proof(self, member: Member, message: Message) -> None:
+        """A shared group's first message from a member: its proof of the key, and ours."""
+        assert self.key is not None
+        if message[0] != "prove" or not share.proven(
+            self.key, message[2], "consumer", member.challenge, message[1]
+        ):
+            self.refuse(member, f"group {self.group} refused this share key: it is not the key "
+                        "the group was formed with")  # fmt: skip
+            return
+        ours = share.proof(self.key, "coordinator", message[1], member.challenge)
+        member.challenge = ""
+        self.send(member, ("proven", ours))
 
     def on_member_message(self, member: Member, message: Message) -> None:
         kind = message[0]
@@ -241,17 +319,22 @@ class Coordinator:
         if len(joined) == self.consumers:
             self.started = True
             assert self.producer is not None
-            info = {"slots": slot_paths(self.group), "producer_pid": self.producer.pid,
-                    "coordinator_pid": os.getpid()}  # fmt: skip
+            info: dict[str, Any] = {
+                "producer_pid": self.producer.pid,
+                "coordinator_pid": os.getpid(),
+            }
+            if self.key is None:
+                info["slots"] = slot_paths(self.group)
             for other in joined:
-                self.send(other, ("welcome", info))
+                self.send(other, ("welcome", info), self.readable_slots)
 
     def refuse(self, member: Member, text: str) -> None:
         self.send(member, ("error", text))
         self.leave(member)
 
     def leave(self, member: Member) -> None:
-        """Drops a member: batches stop waiting for it; the group ends with its last member."""
+        """Drops a member: batches stop waiting for it; the group ends with its last member (a
+        connection that never joined, such as a stranger's to a shared group, does not count)."""
         if member not in self.members:
             return
         self.members.remove(member)
@@ -259,14 +342,20 @@ class Coordinator:
         member.sock.close()
         for seq in list(self.pending):
             self.took(member, seq)
-        if self.started and not self.members:
+        if self.started and not any(m.joined for m in self.members):
             raise Finished()
 
-    def send(self, member: Member, message: Message) -> None:
-        """Sends to a member; one that does not read within the timeout is dropped."""
+    def send(self, member: Member, message: Message, fds: list[int] | None = None) -> None:
+        """Sends to a member (with ``fds``, in a shared group); one that does not read within the
+        timeout is dropped."""
         try:
             member.sock.settimeout(self.timeout)
-            member.sock.sendall(encode(message))
+            frame = encode(message, shared=self.key is not None)
+            if fds:
+                sent = socket.send_fds(member.sock, [frame], fds)
+                member.sock.sendall(frame[sent:])
+            else:
+                member.sock.sendall(frame)
         except OSError:
             log.warning(
                 "group %s: dropping consumer pid %s, which stopped reading", self.group, member.pid
@@ -334,6 +423,29 @@ class Coordinator:
         raise Finished(f"producer of group {self.group} died ({how})")
 
 
+def well_formed(message: Message) -> bool:
+    """Whether a shared group's member sent a message the coordinator can act on: its kind and
+    the types of its arguments (a member runs as another user, and may send anything)."""
+    kind, args = message[0], message[1:]
+    if kind == "prove":
+        return len(args) == 2 and share.is_nonce(args[0]) and isinstance(args[1], str)
+    if kind == "join":
+        return (
+            len(args) == 2
+            and isinstance(args[0], dict)
+            and len(args[0]) <= 16
+            and all(isinstance(v, (int, str, bool, type(None))) for v in args[0].values())
+            and _is_int(args[1])
+        )
+    if kind in ("epoch", "took", "skip"):
+        return len(args) == 1 and _is_int(args[0]) and 0 <= args[0] < 2**62
+    return False
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _detach() -> None:
     """Double fork: the caller's parent returns at once and never has to reap us."""
     if os.fork():
@@ -343,10 +455,12 @@ def _detach() -> None:
 
 def main(argv: list[str]) -> int:
     group, consumers, timeout = argv[0], int(argv[1]), float(argv[2])
+    shared = argv[3:] == ["shared"]
+    key = sys.stdin.buffer.readline().decode().strip() if shared else None
     loader = sys.stdin.buffer.read()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        listener.bind(address(group))
+        listener.bind(address(group, shared))
     except OSError:
         print("taken", flush=True)
         return 0
@@ -357,7 +471,7 @@ def main(argv: list[str]) -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
-    Coordinator(group, consumers, timeout, listener).run(loader)
+    Coordinator(group, consumers, timeout, listener, key).run(loader)
     return 0
 
 

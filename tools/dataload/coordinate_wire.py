@@ -4,6 +4,14 @@ A message is a tuple whose first item names it. On a stream socket it travels as
 big-endian length followed by the pickled tuple. Pickle is safe here because every peer runs as
 the same user (the coordinator checks each consumer's ``SO_PEERCRED``), who may run any code anyway.
 
+A *shared* group's consumers may run as other users (`share`), so between them and the
+coordinator a message is a JSON array instead (at most `MAX_SHARED_FRAME` bytes; anything else
+raises `ProtocolError`), batches travel in `tensor_format`, and a connection starts with a mutual
+proof of the share key: coordinator ``("challenge", nonce)``, consumer ``("prove", nonce,
+proof)``, coordinator ``("proven", proof)`` (or ``("error", text)``). The ``welcome`` of a shared
+group carries the slots as read-only file descriptors (``SCM_RIGHTS``), not paths, and a batch's
+``meta`` is the byte length of its encoding in the slot.
+
 Consumer -> coordinator: ``("join", signature, pid)`` once; ``("epoch", e)`` when it starts epoch
 ``e``; ``("took", seq)`` when it has copied batch ``seq`` out of its slot; ``("skip", e)`` when it
 abandons the rest of epoch ``e``; closing the socket leaves the group.
@@ -19,6 +27,8 @@ Coordinator -> producer: ``("free", slot)`` and ``("epoch", e)``. Producer -> co
 
 from __future__ import annotations
 
+import json
+import os
 import pickle
 import socket
 import struct
@@ -26,6 +36,8 @@ import time
 from typing import Any
 
 HEADER = struct.Struct(">I")
+MAX_SHARED_FRAME = 1 << 20
+MAX_FDS = 16
 
 Message = tuple[Any, ...]
 
@@ -34,16 +46,37 @@ class ConnectionClosed(EOFError):
     """The peer closed its end of the socket (or died)."""
 
 
-def encode(message: Message) -> bytes:
-    """The bytes of one framed message."""
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+class ProtocolError(ValueError):
+    """A shared group's peer sent a frame that is not a message."""
+
+
+def encode(message: Message, shared: bool = False) -> bytes:
+    """The bytes of one framed message (JSON in a shared group, else pickled)."""
+    if shared:
+        body = json.dumps(message, allow_nan=False).encode()
+    else:
+        body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return HEADER.pack(len(body)) + body
 
 
-class FrameReader:
-    """Cuts a byte stream into messages; keeps a partial frame until the rest arrives."""
+def _from_json(frame: bytes) -> Message:
+    try:
+        message = json.loads(frame.decode("utf-8"))
+    except (ValueError, RecursionError) as error:
+        raise ProtocolError(f"a frame that is not JSON: {error}") from None
+    if not (isinstance(message, list) and message and isinstance(message[0], str)):
+        raise ProtocolError(f"a frame that is not a message: {frame[:60]!r}")
+    return tuple(message)
 
-    def __init__(self) -> None:
+
+class FrameReader:
+    """Cuts a byte stream into messages; keeps a partial frame until the rest arrives.
+
+    ``shared``: frames are JSON, at most `MAX_SHARED_FRAME` bytes, checked (`ProtocolError`).
+    """
+
+    def __init__(self, shared: bool = False) -> None:
+        self.shared = shared
         self._buffer = bytearray()
 
     def feed(self, data: bytes) -> list[Message]:
@@ -52,10 +85,13 @@ class FrameReader:
         messages = []
         while len(self._buffer) >= HEADER.size:
             (length,) = HEADER.unpack_from(self._buffer)
+            if self.shared and length > MAX_SHARED_FRAME:
+                raise ProtocolError(f"a frame of {length} bytes (at most {MAX_SHARED_FRAME})")
             end = HEADER.size + length
             if len(self._buffer) < end:
                 break
-            messages.append(pickle.loads(self._buffer[HEADER.size : end]))
+            frame = bytes(self._buffer[HEADER.size : end])
+            messages.append(_from_json(frame) if self.shared else pickle.loads(frame))
             del self._buffer[:end]
         return messages
 
@@ -64,19 +100,22 @@ class Channel:
     """A blocking stream socket that sends and receives whole messages, every wait bounded.
 
     A receive that times out raises `TimeoutError` and loses nothing: a partial frame stays
-    buffered for the next call.
+    buffered for the next call. ``shared``: JSON frames (see the module), and file descriptors
+    that come with them are kept in `fds`, in order, for the caller to take.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, shared: bool = False) -> None:
         self.sock = sock
-        self._reader = FrameReader()
+        self.shared = shared
+        self.fds: list[int] = []
+        self._reader = FrameReader(shared)
         self._ready: list[Message] = []
 
     def send(self, message: Message, timeout: float | None = None) -> None:
         """Sends one message; raises `ConnectionClosed` if the peer is gone."""
         self.sock.settimeout(timeout)
         try:
-            self.sock.sendall(encode(message))
+            self.sock.sendall(encode(message, self.shared))
         except (BrokenPipeError, ConnectionResetError) as error:
             raise ConnectionClosed(str(error)) from error
 
@@ -92,7 +131,11 @@ class Channel:
                 raise TimeoutError(f"no message within {timeout:g} s")
             self.sock.settimeout(remaining)
             try:
-                data = self.sock.recv(1 << 16)
+                if self.shared:
+                    data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, MAX_FDS)
+                    self.fds.extend(fds)
+                else:
+                    data = self.sock.recv(1 << 16)
             except ConnectionResetError as error:
                 raise ConnectionClosed(str(error)) from error
             if not data:
@@ -102,3 +145,6 @@ class Channel:
 
     def close(self) -> None:
         self.sock.close()
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()

@@ -5,13 +5,16 @@
     %dataload analyze LOADER MODEL [--batches N] [--cpus 1,2,8] [--cache 1GB,4GB] [--as-found]
                         DS-Analyzer's differential measurement of the notebook's DataLoader
                         feeding MODEL, and the predicted epoch time for other CPUs and caches
-    %dataload cache DATASET --size 8GB [--name NAME]
+    %dataload cache DATASET --size 8GB [--name NAME] [--share [KEY]]
                         DATASET wrapped in a MinIO cache in shared memory, shared by the
-                        user's kernels and jobs on the host that name the same cache
+                        user's kernels and jobs on the host that name the same cache; with
+                        --share, held by the host agent and shared by the kernels of every
+                        user that pass KEY (alone: prints a new key)
     %dataload cache --drop NAME
                         remove the cache NAME from the host
-    %dataload coordinate LOADER --group NAME --consumers K
-                        one producer prepares each minibatch once for K consumers
+    %dataload coordinate LOADER --group NAME --consumers K [--share [KEY]]
+                        one producer prepares each minibatch once for K consumers; with
+                        --share, consumers of other users too (alone: prints a new key)
 
 A thin shell over `analyze`, `cache` and `coordinate`: parse, call, show. ``analyze`` returns a
 `Report` (``.analysis`` holds the figures); ``cache`` returns the `cache.MinioCache`, to assign
@@ -36,6 +39,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.kernels.magics.parsing import MagicParser, count_in, parse
+from kernelfleet.tools.dataload.share import check_key, new_key
 from kernelfleet.tools.dataload.sizes import parse_size
 
 MAX_BATCHES = 100_000
@@ -86,11 +90,17 @@ def dataload_parser() -> MagicParser:
     cache.add_argument("--size", type=size, help="bytes of shared memory: 8GB, 512MiB, 1e9")
     cache.add_argument("--name", help="the cache's name on the host (the dataset's identity)")
     cache.add_argument("--drop", metavar="NAME", help="remove the cache NAME from the host")
+    cache.add_argument("--share", nargs="?", const="", metavar="KEY",
+                       help="a cache the host agent holds for every user's kernels that pass "
+                       "KEY; alone: make a new key and print it")  # fmt: skip
     coordinate = commands.add_parser("coordinate", help="one producer for K consumers")
     coordinate.add_argument("loader", help="a notebook variable: a torch DataLoader")
     coordinate.add_argument("--group", required=True, help="the name the consumers share")
     coordinate.add_argument("--consumers", type=count_in(1, 1024), required=True,
                             help="how many kernels consume the minibatches")  # fmt: skip
+    coordinate.add_argument("--share", nargs="?", const="", metavar="KEY",
+                            help="admit the kernels of other users that pass KEY; alone: make "
+                            "a new key and print it")  # fmt: skip
     return parser
 
 
@@ -138,8 +148,10 @@ class DataloadMagics(Magics):
         from kernelfleet.tools.dataload.cache import MinioCache, drop_cache
 
         if args.drop:
-            if args.dataset or args.size or args.name:
-                raise UsageError("give --drop NAME alone")
+            if args.dataset or args.size or args.name or args.share == "":
+                raise UsageError("give --drop NAME alone (and --share KEY for a shared cache)")
+            if args.share is not None:
+                return self._drop_shared(args.drop, args.share)
             if not drop_cache(args.drop):
                 raise UsageError(f"there is no cache named {args.drop!r} on this host")
             print(f"dropped the cache {args.drop!r}")
@@ -149,7 +161,38 @@ class DataloadMagics(Magics):
         dataset = self._variable(args.dataset)
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
             raise UsageError(f"{args.dataset} is not a map-style dataset (no len and indexing)")
-        return MinioCache(dataset, args.size, name=args.name)
+        if args.share is None:
+            return MinioCache(dataset, args.size, name=args.name)
+        from kernelfleet.tools.dataload.shared_cache import SharedCache
+
+        key = self._share_key(args.share, f"cache {args.name or 'of ' + args.dataset}",
+                              f"%dataload cache DATASET --size {args.size} "
+                              f"{'--name ' + args.name + ' ' if args.name else ''}")  # fmt: skip
+        return SharedCache(dataset, args.size, key, name=args.name)
+
+    def _drop_shared(self, name: str, key: str) -> None:
+        from kernelfleet.tools.dataload.shared_cache import drop_shared_cache
+
+        try:
+            dropped = drop_shared_cache(name, key)
+        except ValueError as error:  # a malformed key
+            raise UsageError(str(error)) from None
+        if not dropped:
+            raise UsageError(f"the host agent holds no shared cache named {name!r}")
+        print(f"dropped the shared cache {name!r}")
+
+    def _share_key(self, given: str, what: str, line: str) -> str:
+        """``--share``'s key: a new one, printed with the line for the others, or the one
+        given, checked."""
+        if given == "":
+            key = new_key()
+            print(f"share key of the {what}: {key}\nin the other kernels: {line}--share {key}",
+                  flush=True)  # fmt: skip
+            return key
+        try:
+            return check_key(given)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
 
     def _coordinate(self, args: argparse.Namespace) -> Any:
         # imported by name: coordinate.py is another change's, and may land after this one
@@ -160,7 +203,12 @@ class DataloadMagics(Magics):
             if error.name != module:
                 raise
             raise UsageError("coordinated preparation is not in this kernelfleet") from None
-        return coordinate(self._variable(args.loader), args.group, consumers=args.consumers)
+        loader = self._variable(args.loader)
+        key = args.share
+        if key is not None:
+            line = f"%dataload coordinate LOADER --group {args.group} --consumers {args.consumers} "
+            key = self._share_key(key, f"group {args.group}", line)
+        return coordinate(loader, args.group, consumers=args.consumers, share=key)
 
     def _variable(self, name: str) -> Any:
         namespace = self.shell.user_ns if self.shell is not None else {}

@@ -4,6 +4,10 @@ of a fleet: the slow test at the end.)"""
 
 from __future__ import annotations
 
+import ast
+import asyncio
+import os
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,6 +20,7 @@ from traitlets.config import Config
 from kernelfleet.kernels.magics import registry
 from kernelfleet.tools.dataload.cache import MinioCache, drop_cache
 from kernelfleet.tools.dataload.magics import Report, dataload_parser, load
+from kernelfleet.tools.dataload.share import check_key, new_key
 
 NOTEBOOK = """
 import torch
@@ -214,3 +219,172 @@ async def test_dataload_coordinate_in_a_fleet_kernel(fleet: Any) -> None:
     finally:
         client.close()
         fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+def test_coordinate_share_alone_prints_a_new_key(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    group = f"magic-{uuid.uuid4().hex[:8]}"
+    batches = shell.run_line_magic(
+        "dataload", f"coordinate loader --group {group} --consumers 1 --share"
+    )
+    printed = capsys.readouterr().out
+    key = printed.split(f"share key of the group {group}: ")[1].split()[0]
+    assert check_key(key) == key
+    assert f"--group {group} --consumers 1 --share {key}" in printed
+    with batches:
+        assert len(list(batches)) == 6
+    assert batches.shared
+
+
+def test_coordinate_refuses_a_malformed_key(shell: InteractiveShell) -> None:
+    with pytest.raises(UsageError, match="share key 'abc' is not one"):
+        shell.run_line_magic("dataload", "coordinate loader --group g --consumers 2 --share abc")
+
+
+SHARED_NOTEBOOK = """
+import os, threading, torch
+from kernelfleet.tools.dataload.coordinate import coordinate
+from kernelfleet.tools.dataload.synthetic import SyntheticDataset
+slow = torch.utils.data.DataLoader(SyntheticDataset(24, item_bytes=32, fetch_s=0.3), batch_size=4)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_kernels_of_two_users_share_a_group_by_key(fleet: Any) -> None:
+    """Two kernels (users of their own where the agent is root) join one group with a key: one
+    order, one preparation; the group refuses a wrong key by name, the guest cannot reach the
+    owner's descriptors, and a killed producer fails both kernels' next batch."""
+    group, key = f"live-share-{uuid.uuid4().hex[:8]}", new_key()
+    kernels = [fleet.start_kernel(), fleet.start_kernel()]
+    clients = [await fleet.connect(kernel_id) for kernel_id in kernels]
+    try:
+        for client in clients:
+            setup = await client.execute(NOTEBOOK + SHARED_NOTEBOOK)
+            assert setup.reply["status"] == "ok", setup.reply
+        line = f"%dataload coordinate loader --group {group} --consumers 2 --share {key}"
+        cell = (
+            f"batches = {line}\n"
+            "mine = [labels.tolist() for _, labels in batches]\n"
+            "(os.getuid(), mine, batches.stats.items_prepared, batches.producer_pid)"
+        )
+        replies = await asyncio.gather(*(client.execute(cell, timeout=120) for client in clients))
+        (uid_a, seen_a, prepared_a, producer_a), (uid_b, seen_b, prepared_b, producer_b) = (
+            ast.literal_eval(result_text(reply)) for reply in replies
+        )
+        assert seen_a == seen_b
+        assert len(seen_a) == 6
+        assert sorted(label for batch in seen_a for label in batch) == sorted(
+            i % 10 for i in range(24)
+        )
+        assert prepared_a == prepared_b == 24  # once for the group, not once per kernel
+        assert producer_a == producer_b
+        if uid_a != os.geteuid():  # per-kernel users (a root agent): each kernel its own
+            assert uid_a != uid_b
+
+        # the second group: the first kernel forms it (in a thread, so its cell returns) ...
+        owner, guest = clients
+        second = f"{group}-2"
+        hold = await owner.execute(
+            "held = {}\n"
+            f"holder = threading.Thread(target=lambda: held.update(b=coordinate(slow, {second!r}, "
+            f"consumers=2, share={key!r}, timeout=60)))\n"
+            "holder.start()\n"
+            "import time; time.sleep(3)"
+        )
+        assert hold.reply["status"] == "ok", hold.reply
+        wrong = await guest.execute(
+            f"%dataload coordinate slow --group {second} --consumers 2 --share {new_key()}"
+        )
+        assert wrong.reply["ename"] == "CoordinationError", wrong.reply
+        assert f"group {second} refused this share key" in wrong.reply["evalue"]
+        joined = await guest.execute(
+            f"theirs = %dataload coordinate slow --group {second} --consumers 2 --share {key}\n"
+            "rights = []\n"
+            "try:\n"
+            "    os.listdir(f'/proc/{theirs.coordinator_pid}/fd')\n"
+            "    rights.append('list')\n"
+            "except PermissionError:\n"
+            "    pass\n"
+            "try:\n"
+            "    os.pwrite(theirs._slots[0], b'x', 0)\n"
+            "    rights.append('write')\n"
+            "except OSError:\n"
+            "    pass\n"
+            "(theirs.producer_pid, rights, os.getuid())"
+        )
+        producer, rights, guest_uid = ast.literal_eval(result_text(joined))
+        assert "write" not in rights
+        if guest_uid != uid_a:
+            assert rights == [], "another user's coordinator keeps its descriptors"
+        os.kill(producer, signal.SIGKILL)
+        expected = f"producer of group {second} died (signal 9)"
+        failed = await guest.execute("list(theirs)", timeout=60)
+        assert failed.reply["ename"] == "CoordinationError"
+        assert expected in failed.reply["evalue"]
+        failed = await owner.execute("holder.join(); list(held['b'])", timeout=60)
+        assert failed.reply["ename"] == "CoordinationError"
+        assert expected in failed.reply["evalue"]
+    finally:
+        for client in clients:
+            client.close()
+        for kernel_id in kernels:
+            fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_kernels_of_two_users_share_a_cache_through_their_agent(
+    private_fleet: Any,
+) -> None:
+    """Two kernels on one host (users of their own where the agent is root) share one cache that
+    the host agent's broker holds: the second hits exactly what the first filled; a wrong key
+    and a size beyond free shared memory are refused with what is wrong."""
+    fleet = private_fleet(hosts=1, gpus=0)
+    kernels = [fleet.start_kernel(), fleet.start_kernel()]
+    clients = [await fleet.connect(kernel_id) for kernel_id in kernels]
+    first, second = clients
+    try:
+        for client in clients:
+            setup = await client.execute(NOTEBOOK + "import os")
+            assert setup.reply["status"] == "ok", setup.reply
+        made = await first.execute(
+            "cached = %dataload cache ds --size 1MB --name live --share\n"
+            "_ = [cached[i] for i in range(12)]\n"  # half the dataset: 12 misses, filled once
+            "(cached.reset_counts().misses, cached.cached_items, os.getuid())"
+        )
+        printed = made.stdout
+        key = printed.split("share key of the cache live: ")[1].split()[0]
+        assert result_text(made).startswith("(12, 12, ")
+        uid_first = ast.literal_eval(result_text(made))[2]
+        read = await second.execute(
+            f"cached = %dataload cache ds --size 1MB --name live --share {key}\n"
+            "items = [cached[i] for i in range(len(cached))]\n"
+            "counts = cached.reset_counts()\n"
+            "same = all(torch.equal(a[0], ds[i][0]) for i, a in enumerate(items))\n"
+            "(counts.hits, counts.misses, cached.cached_items, same, os.getuid())"
+        )
+        hits, misses, stored, same, uid_second = ast.literal_eval(result_text(read))
+        assert (hits, misses, stored, same) == (12, 12, 24, True)
+        if uid_first != os.geteuid():  # per-kernel users
+            assert uid_first != uid_second
+        wrong = await second.execute(
+            f"%dataload cache ds --size 1MB --name live --share {new_key()}"
+        )
+        assert wrong.reply["ename"] == "UsageError"
+        assert "the shared cache 'live' refused this share key" in wrong.reply["evalue"]
+        huge = await second.execute("%dataload cache ds --size 100TB --name huge --share")
+        assert huge.reply["ename"] == "UsageError"
+        assert huge.reply["evalue"].startswith(
+            "a cache of 100000.00 GB (100000000000000 bytes) is larger than the free shared"
+        )
+        dropped = await second.execute(f"%dataload cache --drop live --share {key}")
+        assert dropped.stdout == "dropped the shared cache 'live'\n", dropped.reply
+        gone = await first.execute(f"%dataload cache --drop live --share {key}")
+        assert "the host agent holds no shared cache named 'live'" in gone.reply["evalue"]
+    finally:
+        for client in clients:
+            client.close()
+        for kernel_id in kernels:
+            fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
