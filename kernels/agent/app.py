@@ -681,6 +681,14 @@ class HostAgentApp(Application):
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signum, stopping)
+        # Before it serves: its first answer and heartbeat list the replicas it adopted.
+        try:
+            containers = await self.replicas.adopt_containers()
+        except EngineUnavailable as e:
+            self.log.error("replica containers of the previous agent not adopted: %s", e)
+        else:
+            if containers:
+                self.log.info("replica containers adopted: %s", ", ".join(containers))
         server = HTTPServer(self.web_app)
         server.add_sockets(self.sockets)
         write_runtime(
@@ -695,13 +703,6 @@ class HostAgentApp(Application):
             self.state_path,
             self.gateway_url or "(none)",
         )
-        try:
-            containers = await self.replicas.adopt_containers()
-        except EngineUnavailable as e:
-            self.log.error("replica containers of the previous agent not adopted: %s", e)
-        else:
-            if containers:
-                self.log.info("replica containers adopted: %s", ", ".join(containers))
         adopted = self.jobs.adopt()
         if adopted:
             self.log.info("jobs of the previous agent found again: %s", ", ".join(adopted))

@@ -157,7 +157,7 @@ def _assemble_context(context: Path, pip: str, log: Any) -> None:
         raise ImageBuildError("pip made no wheel of pip itself")
     shutil.copy(pip_wheels[0], wheels / "pip.whl")
     requirements = [f"kernelfleet @ file:///tmp/kernelfleet-wheels/{kernelfleet_wheel.name}"]
-    (wheels / "requirements.txt").write_text("\n".join([*requirements, *pins, pip_pin]) + "\n")
+    (wheels / "requirements.txt").write_text("\n".join([*requirements, *pins]) + "\n")
 
 
 def write_kernelfleet_wheel(folder: Path) -> Path:

@@ -47,7 +47,9 @@ from kernelfleet.kernels.agent.containers.spec import ContainerSpec
 log = logging.getLogger("kernelfleet.host.containers")
 
 MISSING_COMMAND = ("executable file not found", "no such file or directory")
-"""What an engine says when the image lacks the kernelspec's command (no Python)."""
+INIT_EXEC_FAILED = "failed to exec pid1"
+"""What an engine says when the image lacks the kernelspec's command (no Python): at start,
+or, through the init process (catatonit), in the container's log as it exits."""
 
 
 class ContainerStartError(Exception):
@@ -90,6 +92,9 @@ class ContainerProvisioner(KernelProvisionerBase):
         self.labels, self.binds, self.user = labels, binds, user
         self.gpu_uuids, self.log_sink = gpu_uuids, log_sink
 
+    _killing = False
+    """The agent killed it (so a SIGKILL exit is no memory limit's)."""
+
     def adopt(self, container_id: str) -> None:
         """Take over `container_id`, running already (started by a previous agent)."""
         self.container_id = container_id
@@ -107,6 +112,8 @@ class ContainerProvisioner(KernelProvisionerBase):
         km.write_connection_file()
         self.connection_info = km.get_connection_info()
         cmd = km.format_kernel_cmd(extra_arguments=extra_arguments)
+        # jupyter_client puts its own interpreter's path for "python3": the image's is meant.
+        cmd[0] = self.kernel_spec.argv[0]
         for popen_only in ("stdout", "stderr", "user", "group", "extra_groups", "umask"):
             kwargs.pop(popen_only, None)
         result: dict[str, Any] = await super().pre_launch(cmd=cmd, **kwargs)
@@ -114,6 +121,7 @@ class ContainerProvisioner(KernelProvisionerBase):
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         self.exit_reason = None
+        self._killing = False
         env = dict(kwargs.get("env") or {})
         self.container_id = await asyncio.to_thread(self._create_and_start, cmd, env,
                                                     kwargs.get("cwd"))  # fmt: skip
@@ -129,12 +137,30 @@ class ContainerProvisioner(KernelProvisionerBase):
             return 255
         if state.get("Running") or state.get("Status") in ("created", "configured"):
             return None
-        if state.get("OOMKilled"):
-            self.exit_reason = (
-                f"killed by its memory limit ({self.spec.describe_memory()} in the kernelspec)"
-            )
         code = state.get("ExitCode")
-        return code if isinstance(code, int) else 255
+        code = code if isinstance(code, int) else 255
+        limit = f"its memory limit ({self.spec.describe_memory()} in the kernelspec)"
+        if state.get("OOMKilled"):
+            self.exit_reason = f"killed by {limit}"
+        elif code == 128 + signal.SIGKILL and self.spec.memory is not None and not self._killing:
+            # Podman on cgroup v1 (this project's CI) never sets OOMKilled: say what is likely.
+            self.exit_reason = (
+                f"killed by SIGKILL, which is what {limit} does; the engine does not say "
+                "whether it was that or someone else"
+            )
+        elif code != 0 and self.exit_reason is None:
+            tail = await asyncio.to_thread(self.log_tail, 3)
+            if INIT_EXEC_FAILED in tail:
+                self.exit_reason = self._missing_command(INIT_EXEC_FAILED)
+        return code
+
+    def _missing_command(self, why: str) -> str:
+        command = self.kernel_spec.argv[0]
+        return (
+            f"image {self.spec.image!r} cannot run {command!r}: a kernel image needs Python with "
+            f"kernelfleet's kernel (`kernelfleet image build --base {self.spec.image}` makes "
+            f"one); the engine said: {why}"
+        )
 
     async def wait(self) -> int | None:
         while True:
@@ -155,6 +181,7 @@ class ContainerProvisioner(KernelProvisionerBase):
                       signum, e)  # fmt: skip
 
     async def kill(self, restart: bool = False) -> None:
+        self._killing = True
         await self.send_signal(signal.SIGKILL)
 
     async def terminate(self, restart: bool = False) -> None:
@@ -230,11 +257,7 @@ class ContainerProvisioner(KernelProvisionerBase):
             why = str(e.explanation or e)
             self._keep_log_and_remove(container.id)
             if any(text in why.lower() for text in MISSING_COMMAND):
-                raise ContainerStartError(
-                    f"image {image!r} cannot run {cmd[0]!r}: a kernel image needs Python with "
-                    f"kernelfleet's kernel (`kernelfleet image build --base {image}` makes one); "
-                    f"the engine said: {why}"
-                ) from None
+                raise ContainerStartError(self._missing_command(why)) from None
             raise ContainerStartError(
                 f"the container of image {image!r} did not start: {why}"
             ) from None
