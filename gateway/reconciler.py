@@ -73,6 +73,8 @@ class HostReconciler:
                 replica.update(model)
                 if replica.dead:
                     why = f"its process exited ({model.get('exit_code')})"
+                    if model.get("exit_reason"):  # a container's: its memory limit, say
+                        why = f"{why}: {model['exit_reason']}"
                     self._loss.replica_died(kernel, replica, why)
             elif restarted:
                 replica.move_to(ReplicaState.DEAD)
