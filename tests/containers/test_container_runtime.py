@@ -4,8 +4,13 @@ Docker-compatible API (the session's own service; images built once per session)
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +18,7 @@ import pytest
 from kernelfleet.errors import Conflict, KernelStartFailed
 from kernelfleet.kernels.agent.containers.engine import LABEL_HOST, LABEL_REPLICA, Engine
 from kernelfleet.testing import wait_until
-from tests.kernels.conftest import AgentProcess
+from tests.kernels.conftest import REPO_ROOT, AgentProcess
 from tests.kernels.test_agent import connect, execute
 
 StartAgent = Callable[..., Awaitable[AgentProcess]]
@@ -211,3 +216,46 @@ async def test_an_agent_without_an_engine_refuses_container_kernelspecs(
     agent = await host_agent(env=container_kernelspecs)
     with pytest.raises(Conflict, match="runs kernels in containers"):
         await agent.client.start_replica("c8", "k8", "kf-c")
+
+
+def run_cli(engine_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DOCKER_HOST": engine_url, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "kernelfleet", "image", "build", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_image_build_names_a_bad_base_and_writes_the_kernelspec(
+    engine_url: str, engine: Engine, base_image: str, kernel_image: str, tmp_path: Path
+) -> None:
+    missing = run_cli(engine_url, "--base", "localhost/no-such-base:1", "--tag", "localhost/x:1")
+    assert missing.returncode == 1
+    assert "base image 'localhost/no-such-base:1' is not on the container engine" in (
+        missing.stderr
+    )
+    no_python = run_cli(
+        engine_url, "--base", "localhost/kernelfleet-test-no-python:1", "--tag", "localhost/x:1"
+    )
+    assert no_python.returncode == 1
+    assert "base image 'localhost/kernelfleet-test-no-python:1' cannot run python3" in (
+        no_python.stderr
+    )
+    # the session's kernel image again: unchanged, so nothing is built; the kernelspec is new
+    built = run_cli(
+        engine_url, "--base", base_image, "--tag", kernel_image, "--kernelspec", "kf-made",
+        "--display-name", "Python 3.11 · container", "--memory", "1g",
+        "--kernelspec-dir", str(tmp_path),
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    assert "(unchanged)" in built.stdout
+    spec = json.loads((tmp_path / "kf-made" / "kernel.json").read_text())
+    assert spec["display_name"] == "Python 3.11 · container"
+    assert spec["metadata"]["kernelfleet"] == {
+        "runtime": "container", "image": kernel_image, "memory": "1g",
+    }  # fmt: skip
+    leftovers = engine.client().containers.list(all=True, filters={"ancestor": base_image})
+    assert leftovers == []  # the Python probe's container is gone

@@ -118,15 +118,24 @@ def _check_python(client: Any, base: str) -> None:
     """`ImageBuildError` unless `base` runs python3 of this machine's major.minor version."""
     wanted = f"{sys.version_info.major}.{sys.version_info.minor}"
     probe = "import sys; print('%d.%d' % sys.version_info[:2])"
+    container = client.containers.create(
+        base, ["python3", "-c", probe], network_mode="none", entrypoint=""
+    )
     try:
-        out = client.containers.run(
-            base, ["python3", "-c", probe], remove=True, network_mode="none", entrypoint=""
-        )
-    except (docker.errors.ContainerError, docker.errors.APIError) as e:
+        container.start()
+        code = container.wait(timeout=120).get("StatusCode")
+        out = container.logs(stdout=True, stderr=True)
+        if code != 0:
+            raise ImageBuildError(
+                f"base image {base!r}: python3 exited with {code}: {bytes(out).decode()[-500:]}"
+            )
+    except docker.errors.APIError as e:
         raise ImageBuildError(
-            f"base image {base!r} cannot run python3 ({e}): a kernel image needs a base image "
-            f"with Python {wanted} as python3 on its PATH"
+            f"base image {base!r} cannot run python3 ({e.explanation or e}): a kernel image "
+            f"needs a base image with Python {wanted} as python3 on its PATH"
         ) from None
+    finally:
+        container.remove(force=True)
     found = bytes(out).decode(errors="replace").strip()
     if found != wanted:
         raise ImageBuildError(
