@@ -32,6 +32,9 @@ async def test_a_notebook_imports_pandas_from_its_image_on_three_replicas(
         )
         specs = fleet.api("GET", "/api/kernelspecs")["kernelspecs"]
         assert specs["kf-c-pandas"]["spec"]["display_name"] == "Container kernel · pandas"
+        # and per GPU count, as every replicated kernelspec
+        one_gpu = specs["kf-c-pandas-1gpu"]["spec"]["display_name"]
+        assert one_gpu == "Container kernel · pandas · 1 GPU"
         kernel_id = fleet.start_kernel("kf-c-pandas")
         ws = await fleet.connect(kernel_id)
         try:

@@ -60,11 +60,12 @@ async def test_start_execute_interrupt_restart_stop(
             kc,
             "import os, sys; print(sys.executable, os.environ['FLEET_TEST_VAR'], "
             "os.environ['KERNELFLEET_REPLICA_ID'], 'PYTHONPATH' in os.environ, "
+            "'KERNELFLEET_TOKEN' in os.environ, "
             "os.path.exists('/.containerenv') or os.path.exists('/run/.containerenv'))",
         )
         assert reply["status"] == "ok", reply
         # the image's Python, the request's env, the agent's host-only variables left out
-        assert out.split() == ["/usr/bin/python3", "hi", "c1", "False", "True"]
+        assert out.split() == ["/usr/bin/python3", "hi", "c1", "False", "False", "True"]
 
         started = asyncio.Event()
 
