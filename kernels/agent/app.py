@@ -653,8 +653,9 @@ class HostAgentApp(Application):
     # -- running ----------------------------------------------------------------------------
 
     def host_report(self) -> dict[str, Any]:
-        """The host model: served at ``GET /api/host`` and sent as every heartbeat's body."""
-        return {
+        """The host model: served at ``GET /api/host`` and sent as every heartbeat's body; an
+        agent with a container engine adds ``containers`` (its engine, and whether it answers)."""
+        report = {
             "id": self.host_id,
             "instance": self.instance_id,
             "address": self.address,
@@ -666,6 +667,10 @@ class HostAgentApp(Application):
             "isolation": self.isolation.model(),
             "gpu_settings": self.gpu_settings.owners(),
         }
+        containers = self.replicas.containers_model()
+        if containers is not None:
+            report["containers"] = containers
+        return report
 
     def _on_replicas_changed(self) -> None:
         self.gpu_settings.replicas_changed()

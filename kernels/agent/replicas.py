@@ -35,6 +35,7 @@ from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Configurable
 
 from kernelfleet.errors import Conflict, InvalidRequest, KernelDead, KernelStartFailed, NotFound
+from kernelfleet.kernels.agent.containers.engine import EngineUnavailable
 from kernelfleet.kernels.agent.containers.provisioner import ContainerProvisioner
 from kernelfleet.kernels.agent.containers.runtime import ContainerRuntime, FoundContainer
 from kernelfleet.kernels.agent.containers.spec import ContainerSpec, container_spec
@@ -316,6 +317,8 @@ class ReplicaTable:
     ) -> None:
         self.replicas_dir = state_dir / "replicas"
         self.containers = containers
+        self.engine_problem: str | None = None
+        """Why the container engine does not answer, while it does not."""
         self.keep_logs_for = keep_logs_for
         self.isolation = isolation or choose_isolation(KernelUser.SAME, self.replicas_dir)
         self.kernel_spec_manager = kernel_spec_manager
@@ -415,6 +418,8 @@ class ReplicaTable:
                 await self._discard(replica, keep_log=True)
                 raise
             self._set_state(replica, ReplicaState.READY)
+        if spec is not None:
+            self._engine_back()
         return replica
 
     async def adopt_containers(self) -> list[str]:
@@ -592,7 +597,13 @@ class ReplicaTable:
                     log.exception("replica %s: liveness check failed", replica.id)
 
     async def _check_alive(self, replica: Replica) -> None:
-        exit_code = await process_exit_code(replica.km)
+        try:
+            exit_code = await process_exit_code(replica.km)
+        except EngineUnavailable as e:
+            self._engine_lost(replica, e.message)
+            return
+        if replica.container is not None:
+            self._engine_back()
         if exit_code is not None and replica.state is ReplicaState.READY:
             replica.exit_code = exit_code
             self._set_state(replica, ReplicaState.DEAD)
@@ -603,6 +614,31 @@ class ReplicaTable:
                 exit_code,
                 replica.log_path,
             )
+
+    def containers_model(self) -> dict[str, Any] | None:
+        """The ``containers`` member of the host model: the engine and whether the agent
+        reaches it (None: this agent runs no containers)."""
+        if self.containers is None:
+            return None
+        problem = self.engine_problem
+        return {"engine": self.containers.engine.url, "reachable": problem is None, "why": problem}
+
+    def _engine_lost(self, replica: Replica, why: str) -> None:
+        """The engine stopped answering about `replica`'s container: the agent can neither
+        watch nor stop it, so the replica is given up for dead (the gateway moves its kernel);
+        a stop still asks the kernel itself to exit, over its control channel."""
+        if self.engine_problem is None:
+            log.error("the container engine is gone: %s; its replicas are given up", why)
+            self.engine_problem = why
+        assert replica.container is not None
+        replica.container.exit_reason = f"{why}: the agent can no longer watch its container"
+        self._set_state(replica, ReplicaState.DEAD)
+
+    def _engine_back(self) -> None:
+        if self.engine_problem is not None:
+            log.warning("the container engine answers again")
+            self.engine_problem = None
+            self._changed()
 
     # -- internals --------------------------------------------------------------------------
 
@@ -831,6 +867,9 @@ class ReplicaTable:
         if replica.state is not ReplicaState.STOPPED:
             replica.move_to(ReplicaState.STOPPED)
         km = replica.km
+        if replica.container is not None and self.engine_problem is not None:
+            await self._abandon(replica)
+            return
         try:
             if await km.is_alive():
                 await km.shutdown_kernel(now=False)  # shutdown request, SIGTERM, SIGKILL; cleanup
@@ -850,6 +889,26 @@ class ReplicaTable:
         else:
             keep = keep_log or self.keep_logs_for > 0
             await asyncio.to_thread(remove_replica_folder, replica.directory, keep_log=keep)
+        self._changed()
+
+    async def _abandon(self, replica: Replica) -> None:
+        """`_discard` while the engine does not answer: ask the kernel to exit over its
+        control channel (its container then exits with it), keep its folder (the container
+        may still use it; the sweep or the next agent's start clears what is left)."""
+        try:
+            await replica.km.request_shutdown()
+            await asyncio.sleep(0.2)  # let the request leave before the socket closes
+            replica.km.cleanup_connection_file()
+        except Exception:
+            log.exception("replica %s: could not ask its kernel to exit", replica.id)
+        if replica.log_file is not None:
+            replica.note(
+                f"stopped while the container engine did not answer: {self.engine_problem}"
+            )
+            replica.log_file.close()
+            replica.log_file = None
+        log.warning("replica %s: the engine does not answer; its kernel was asked to exit and "
+                    "its container is left to the next agent start", replica.id)  # fmt: skip
         self._changed()
 
     def _check_not_closing(self) -> None:

@@ -16,6 +16,7 @@ recipe is unchanged).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -59,8 +60,9 @@ TIMINGS: dict[str, float] = {}
 """Seconds each image took to make (or to find) in this session, printed at its end."""
 
 
-@pytest.fixture(scope="session")
-def engine_url() -> Iterator[str]:
+@contextlib.contextmanager
+def podman_service() -> Iterator[str]:
+    """``podman system service`` on a socket of its own, stopped on exit; yields its URL."""
     podman = shutil.which("podman")
     if podman is None:
         pytest.skip("podman is not installed (.ci/run installs it)")
@@ -95,6 +97,12 @@ def engine_url() -> Iterator[str]:
             service.wait()
         log.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def engine_url() -> Iterator[str]:
+    with podman_service() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ import pytest
 from kernelfleet.errors import Conflict, KernelStartFailed
 from kernelfleet.kernels.agent.containers.engine import LABEL_HOST, LABEL_REPLICA, Engine
 from kernelfleet.testing import wait_until
+from tests.containers.conftest import podman_service
 from tests.kernels.conftest import REPO_ROOT, AgentProcess
 from tests.kernels.test_agent import connect, execute
 
@@ -260,3 +261,35 @@ def test_image_build_names_a_bad_base_and_writes_the_kernelspec(
     }  # fmt: skip
     leftovers = engine.client().containers.list(all=True, filters={"ancestor": base_image})
     assert leftovers == []  # the Python probe's container is gone
+
+
+async def test_an_engine_that_goes_away_gives_its_replicas_up(
+    host_agent: StartAgent, engine: Engine, container_kernelspecs: dict[str, str]
+) -> None:
+    with podman_service() as doomed:  # a second service on the same storage, stopped below
+        agent = await container_agent(host_agent, doomed, container_kernelspecs)
+        await agent.client.start_replica("c9", "k9", "kf-c")
+        assert (await agent.client.host_info())["containers"]["reachable"] is True
+    # its socket is gone now; the container itself runs on (podman's conmon keeps it)
+    [container] = containers_of(engine, agent.host_id)
+    assert container.status == "running"
+
+    async def given_up() -> dict[str, Any] | None:
+        model = await agent.client.get_replica("c9")
+        return model if model["state"] == "dead" else None
+
+    model = await wait_until(given_up, 20, "the replica to be given up")
+    assert "cannot be reached" in model["exit_reason"]
+    assert "the agent can no longer watch its container" in model["exit_reason"]
+    host = await agent.client.host_info()
+    assert host["containers"]["reachable"] is False
+    assert doomed.removeprefix("unix://") in host["containers"]["why"]
+
+    await agent.client.stop_replica("c9")  # asks the kernel itself to exit
+
+    def exited() -> bool:
+        container.reload()
+        return container.status == "exited"
+
+    await wait_until(exited, 20, "the kernel and its container to exit")
+    container.remove(force=True)

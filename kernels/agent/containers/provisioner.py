@@ -214,11 +214,22 @@ class ContainerProvisioner(KernelProvisionerBase):
     # -- blocking engine calls (in a thread) ----------------------------------------------
 
     def _inspect(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.engine.client().api.inspect_container(self.container_id)
+        """The engine's view of the container; `EngineUnavailable` if it does not answer."""
+        try:
+            result: dict[str, Any] = self.engine.client().api.inspect_container(self.container_id)
+        except UNREACHABLE as e:
+            raise self.engine.unavailable(e) from e
         return result
 
     def _create_and_start(self, cmd: list[str], env: dict[str, str], cwd: str | None) -> str:
-        client = self.engine.client()
+        try:
+            return self._create_and_start_on(self.engine.client(), cmd, env, cwd)
+        except UNREACHABLE as e:
+            raise self.engine.unavailable(e) from e
+
+    def _create_and_start_on(
+        self, client: Any, cmd: list[str], env: dict[str, str], cwd: str | None
+    ) -> str:
         image = self.spec.image
         try:
             client.images.get(image)
