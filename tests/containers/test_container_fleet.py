@@ -4,12 +4,13 @@ three host agents whose kernels run as users of their own, in containers of podm
 from __future__ import annotations
 
 import shutil
+import signal
 from collections.abc import Callable
 
 import pytest
 
 from kernelfleet.kernels.agent.containers.engine import LABEL_KERNEL, Engine
-from kernelfleet.testing import Fleet, wait_until
+from kernelfleet.testing import Fleet, free_port, wait_until
 from kernelfleet.testing.fleet import kernel_reachable_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -70,5 +71,104 @@ async def test_a_notebook_imports_pandas_from_its_image_on_three_replicas(
             return not listed
 
         await wait_until(removed, 30, "the kernel's containers to be removed")
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+
+
+async def test_a_kernel_keeps_its_state_across_a_restart_of_its_agent(
+    private_fleet: Callable[..., Fleet],
+    engine_url: str,
+    engine: Engine,
+    container_kernelspecs: dict[str, str],
+) -> None:
+    """The agent is killed and started again before the gateway misses it (no link, a long
+    heartbeat timeout): it adopts the kernel's container, and the kernel goes on."""
+    store = kernel_reachable_folder()
+    try:
+        fleet = private_fleet(
+            hosts=1,
+            replicas=1,
+            env=container_kernelspecs,
+            gateway_args=(
+                f"--GatewayApp.object_store_root={store}",
+                "--GatewayApp.heartbeat_timeout=120",
+            ),
+            host_args=(
+                "--container-engine", engine_url, "--container-mount", str(store),
+                "--HostAgentApp.link_to_gateway=False",
+                "--port", str(free_port()),  # the same address again: the same agent, restarted
+            ),
+        )  # fmt: skip
+        kernel_id = fleet.start_kernel("kf-c")
+        ws = await fleet.connect(kernel_id)
+        try:
+            reply = await ws.execute("kept = 'before the restart'", timeout=60)
+            assert reply.reply["status"] == "ok", reply.reply
+        finally:
+            ws.close()
+
+        fleet.signal_host("host-1", signal.SIGKILL)  # its container is no process of its
+        fleet.start_host("host-1", 2)  # (the gateway still lists the host alive)
+        await wait_until(
+            lambda: "adopted its running container" in fleet.log("host-1"), 30, "the adoption"
+        )
+        await wait_until(  # the new agent's first heartbeat, which lists the adopted replica
+            lambda: "host host-1 restarted" in fleet.log("gateway"), 30, "the gateway to see it"
+        )
+        [replica] = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+        assert replica["state"] == "ready"
+
+        ws = await fleet.connect(kernel_id)
+        try:
+            reply = await ws.execute("print(kept)", timeout=60)
+            assert reply.stdout == "before the restart\n", reply.reply
+        finally:
+            ws.close()
+        fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+        def removed() -> bool:
+            listed = engine.client().containers.list(
+                all=True, filters={"label": [f"{LABEL_KERNEL}={kernel_id}"]}
+            )
+            return not listed
+
+        await wait_until(removed, 30, "the kernel's container to be removed")
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+
+
+async def test_a_container_given_up_while_its_agent_was_away_is_stopped(
+    private_fleet: Callable[..., Fleet],
+    engine_url: str,
+    engine: Engine,
+    container_kernelspecs: dict[str, str],
+) -> None:
+    """The gateway sees the agent's death at once (its link) and gives the kernel's only
+    replica up; the restarted agent adopts the container, and the gateway stops it."""
+    store = kernel_reachable_folder()
+    try:
+        fleet = private_fleet(
+            hosts=1,
+            replicas=1,
+            env=container_kernelspecs,
+            gateway_args=(f"--GatewayApp.object_store_root={store}",),
+            host_args=("--container-engine", engine_url, "--container-mount", str(store)),
+        )
+        kernel_id = fleet.start_kernel("kf-c")
+        fleet.signal_host("host-1", signal.SIGKILL)
+
+        def dead() -> bool:
+            return fleet.api("GET", f"/api/kernels/{kernel_id}")["execution_state"] == "dead"
+
+        await wait_until(dead, 30, "the kernel to be dead")
+        fleet.start_host("host-1", 2)
+
+        def removed() -> bool:
+            listed = engine.client().containers.list(
+                all=True, filters={"label": [f"{LABEL_KERNEL}={kernel_id}"]}
+            )
+            return not listed
+
+        await wait_until(removed, 30, "the stray container to be stopped and removed")
     finally:
         shutil.rmtree(store, ignore_errors=True)
