@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -33,7 +34,7 @@ import docker
 import docker.errors
 import pytest
 
-from kernelfleet.kernels.agent.containers.engine import Engine
+from kernelfleet.kernels.agent.containers.engine import LABEL_STATE_DIR, Engine
 from kernelfleet.kernels.agent.containers.images import (
     build_kernel_image,
     kernelspec,
@@ -106,9 +107,19 @@ def engine_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def engine(engine_url: str) -> Iterator[Engine]:
+def engine(engine_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     engine = Engine(engine_url)
     yield engine
+    # A test that failed half-way may leave a replica container (its agent killed before it
+    # could stop it): remove those of this session's agents (in its pytest folder, or in a
+    # temporary fleet folder removed by now).
+    ours = str(tmp_path_factory.getbasetemp())
+    client = engine.client()
+    for container in client.containers.list(all=True, filters={"label": [LABEL_STATE_DIR]}):
+        state_dir = container.labels.get(LABEL_STATE_DIR, "")
+        gone = state_dir.startswith(tempfile.gettempdir()) and not os.path.isdir(state_dir)
+        if state_dir.startswith(ours) or gone:
+            container.remove(force=True)
     engine.close()
 
 
