@@ -74,6 +74,7 @@ def podman_service() -> Iterator[str]:
         [podman, "system", "service", "--time=0", f"unix://{socket}"],
         stdout=log,
         stderr=subprocess.STDOUT,
+        cwd=folder,  # conmon 2.1 writes a file named "oom" into its working folder on OOM kills
     )
     url = f"unix://{socket}"
     try:
