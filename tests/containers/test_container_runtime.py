@@ -139,7 +139,7 @@ async def test_the_memory_limit_is_named_when_it_kills_the_kernel(
     finally:
         kc.stop_channels()
     assert dead_model["exit_code"] == 137
-    # podman on cgroup v1 does not report OOMKilled; an engine that does is named outright
+    # podman 4.3.1 does not report OOMKilled; an engine that does is named outright
     assert "its memory limit (512 MiB in the kernelspec)" in dead_model["exit_reason"]
     await agent.client.stop_replica("c3")
 

@@ -143,7 +143,7 @@ class ContainerProvisioner(KernelProvisionerBase):
         if state.get("OOMKilled"):
             self.exit_reason = f"killed by {limit}"
         elif code == 128 + signal.SIGKILL and self.spec.memory is not None and not self._killing:
-            # Podman on cgroup v1 (this project's CI) never sets OOMKilled: say what is likely.
+            # Podman 4.3.1 (this project's CI) never sets OOMKilled: say what is likely.
             self.exit_reason = (
                 f"killed by SIGKILL, which is what {limit} does; the engine does not say "
                 "whether it was that or someone else"
