@@ -200,6 +200,10 @@ def pandas_image(engine: Engine, kernel_image: str) -> str:
                 rm=True,
                 pull=False,
             )
+    for image in client.images.list(name=PANDAS_REPO):  # those of earlier kernel images
+        if tag not in image.tags:
+            with contextlib.suppress(docker.errors.APIError):  # one a container still uses
+                client.images.remove(image.id, force=False)
     TIMINGS["pandas image (FROM the kernel image)"] = time.monotonic() - started
     return tag
 
