@@ -426,7 +426,8 @@ class ReplicaTable:
         """Take over the replica containers a previous agent of this host id and state dir
         left running (found by their labels), as ready replicas with the ports and connection
         they had; remove those that exited. Return the ids adopted. Called at agent start,
-        before any start request and before stale folders are swept."""
+        before the agent answers anything (the start's sweep of stale folders spared theirs:
+        their processes, visible in ``/proc``, point to them)."""
         if self.containers is None:
             return []
         adopted = []
