@@ -36,7 +36,7 @@ from kernelfleet.gateway.jobs.store import JobStore
 from kernelfleet.gateway.jobs.tokens import JobTokens
 from kernelfleet.gateway.kernel_service import KernelService
 from kernelfleet.gateway.kernel_tokens import KernelTokens
-from kernelfleet.gateway.kernelspecs import KernelSpecCatalog
+from kernelfleet.gateway.kernelspecs import KernelSpecCatalog, container_kernelspecs
 from kernelfleet.gateway.objects_gc import KernelObjectsCollector
 from kernelfleet.gateway.records import ReplicationSettings
 from kernelfleet.gateway.store import KernelStore, StateUnreadable
@@ -134,7 +134,8 @@ class GatewayApp(Application):
     replicated_kernelspecs = Dict(
         {"python3": "kernelfleet-python3"},
         config=True,
-        help="Kernelspecs that replicate, mapped to the hosts' kernelspec of the replica kernel.",
+        help="Kernelspecs that replicate, mapped to the hosts' kernelspec of the replica kernel. "
+        "Installed container kernelspecs (docs/containers.md) replicate as themselves.",
     )
     gpu_kernelspecs = List(
         Int(),
@@ -363,10 +364,11 @@ class GatewayApp(Application):
     def init_services(self) -> None:
         try:
             policy = load_policy(self.policy, self.autoscaling())
+            replicated = {**container_kernelspecs(), **self.replicated_kernelspecs}
             kernelspecs = KernelSpecCatalog(
                 self.default_kernel_name,
                 set(self.allowed_kernelspecs),
-                gpu_bases=self.replicated_kernelspecs,
+                gpu_bases=replicated,
                 gpu_counts=self.gpu_kernelspecs,
                 largest_host=self._largest_host_gpus,
             )
@@ -387,7 +389,7 @@ class GatewayApp(Application):
         self.hosts = HostRegistry(self.token, self.heartbeat_timeout, self.events)
         replication = ReplicationSettings(
             replicas=self.replicas,
-            launch_names=dict(self.replicated_kernelspecs),
+            launch_names=replicated,
             store_root=self.object_store_root,
         )
         # the kernel service listens to the registry's reports from here on

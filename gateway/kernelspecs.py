@@ -30,6 +30,19 @@ GPU_VARIANT_KEY = "kernelfleet"
 (``{"gpus": n, "variant_of": base}``)."""
 
 
+def container_kernelspecs() -> dict[str, str]:
+    """The installed kernelspecs whose replicated kernel runs in a container
+    (``metadata.kernelfleet.runtime == "container"``, as `kernelfleet image build
+    --kernelspec` writes them), each mapped to itself: the hosts launch the same kernelspec,
+    which names the image (docs/containers.md)."""
+    found = {}
+    for name, spec in KernelSpecManager().get_all_specs().items():
+        settings = (spec.get("spec", {}).get("metadata") or {}).get(GPU_VARIANT_KEY)
+        if isinstance(settings, dict) and settings.get("runtime") == "container":
+            found[name] = name
+    return found
+
+
 def variant_name(base: str, gpus: int) -> str:
     """The kernelspec name of `base` with `gpus` GPUs per cell: ``python3-2gpu``."""
     return f"{base}-{gpus}gpu"

@@ -59,7 +59,7 @@ class HostReconciler:
 
     def on_host_report(self, host: HostRecord, restarted: bool) -> None:
         """Apply a host's report. After an agent restart, replicas it does not list are dead."""
-        self._stop_given_up(host, restarted)
+        self._stop_given_up(host)
         vanished = self._ledger.set_host(
             host.id, device_ids_of(host.gpus), speed_bases(host.gpus, host.gpu_type)
         )
@@ -73,6 +73,8 @@ class HostReconciler:
                 replica.update(model)
                 if replica.dead:
                     why = f"its process exited ({model.get('exit_code')})"
+                    if model.get("exit_reason"):  # a container's: its memory limit, say
+                        why = f"{why}: {model['exit_reason']}"
                     self._loss.replica_died(kernel, replica, why)
             elif restarted:
                 replica.move_to(ReplicaState.DEAD)
@@ -89,12 +91,11 @@ class HostReconciler:
             why = f"host {host.id} was lost: {host.lost_why or 'it stopped answering'}"
             self._loss.replica_died(kernel, replica, why)
 
-    def _stop_given_up(self, host: HostRecord, restarted: bool) -> None:
+    def _stop_given_up(self, host: HostRecord) -> None:
         """A host that was lost and came back may still run replicas given up for dead (they
-        were replaced, and their GPUs went back to the pool): stop them."""
-        if restarted:  # its replicas died with the agent
-            self._given_up -= {m.get("id") for m in host.replicas if isinstance(m, dict)}
-            return
+        were replaced, and their GPUs went back to the pool): stop them. A restarted agent
+        may report some too: process replicas die with their agent, but containers outlive
+        it and the new agent adopts them (docs/containers.md)."""
         for model in host.replicas:
             replica_id = model.get("id") if isinstance(model, dict) else None
             if replica_id in self._given_up and model.get("state") in _RUNNING:

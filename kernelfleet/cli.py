@@ -47,6 +47,10 @@ class KernelfleetApp(Application):
             "kernelfleet.kernels.agent.app.HostAgentApp",
             "Start a host agent: GPU inventory and kernel launcher for one machine.",
         ),
+        "image": (
+            "kernelfleet.kernels.agent.containers.app.ImageApp",
+            "Build kernel images for the container runtime ('build --base IMAGE --tag TAG').",
+        ),
     }
 
     def start(self) -> None:

@@ -46,6 +46,7 @@ from traitlets import (
     Enum,
     Float,
     Integer,
+    List,
     TraitError,
     Unicode,
     default,
@@ -56,6 +57,8 @@ from traitlets.config import Application, catch_config_error
 from kernelfleet import __version__
 from kernelfleet.kernels.agent.cache_broker import SOCKET_NAME as CACHE_BROKER_SOCKET
 from kernelfleet.kernels.agent.cache_broker import CacheBroker
+from kernelfleet.kernels.agent.containers.engine import Engine, EngineUnavailable
+from kernelfleet.kernels.agent.containers.runtime import ContainerRuntime
 from kernelfleet.kernels.agent.gpu_control import (
     GpuControl,
     GpuControlFailed,
@@ -151,6 +154,8 @@ class HostAgentApp(Application):
         "heartbeat-interval": "HostAgentApp.heartbeat_interval",
         "launch-timeout": "HostAgentApp.launch_timeout",
         "kernel-user": "HostAgentApp.kernel_user",
+        "container-engine": "HostAgentApp.container_engine",
+        "container-mount": "HostAgentApp.container_mounts",
     }
 
     log_level = Enum(
@@ -286,6 +291,20 @@ class HostAgentApp(Application):
         "'same': the agent's user. Default: $KERNELFLEET_KERNEL_USER, else auto.",
     ).tag(config=True)
 
+    container_engine = Unicode(
+        help="The Docker Engine API (Docker, or podman's `podman system service`) that runs the "
+        "replicas of container kernelspecs (metadata.kernelfleet.runtime = 'container'), e.g. "
+        "unix:///var/run/docker.sock. Empty: this agent runs processes only and refuses "
+        "container kernelspecs. Default: $KERNELFLEET_CONTAINER_ENGINE, else empty.",
+    ).tag(config=True)
+
+    container_mounts = List(
+        Unicode(),
+        help="Host folders every replica container mounts at the same path, besides its own "
+        "folder and working directory: the gateway's object store root, a shared data folder. "
+        "Repeat the option for several. Default: $KERNELFLEET_CONTAINER_MOUNTS (':'-separated).",
+    ).tag(config=True)
+
     replica_stop_timeout = Float(
         3.0,
         help="Seconds a replica gets to shut down cleanly (shutdown request, then SIGTERM) before "
@@ -395,6 +414,22 @@ class HostAgentApp(Application):
     @default("kernel_user")
     def _kernel_user_default(self) -> str:
         return (_env("KERNELFLEET_KERNEL_USER") or KernelUser.AUTO.value).lower()
+
+    @default("container_engine")
+    def _container_engine_default(self) -> str:
+        return _env("KERNELFLEET_CONTAINER_ENGINE") or ""
+
+    @default("container_mounts")
+    def _container_mounts_default(self) -> list[str]:
+        return [p for p in (_env("KERNELFLEET_CONTAINER_MOUNTS") or "").split(":") if p]
+
+    @validate("container_mounts")
+    def _validate_container_mounts(self, proposal: Any) -> list[str]:
+        mounts = [os.path.abspath(str(p)) for p in proposal["value"]]
+        for path in mounts:
+            if not os.path.isdir(path):
+                raise TraitError(f"container_mounts: {path!r} is not a folder on this host")
+        return mounts
 
     @default("root_dir")
     def _root_dir_default(self) -> str:
@@ -558,6 +593,17 @@ class HostAgentApp(Application):
         self.kernel_spec_manager = KernelSpecManager(parent=self)
         # The replicated kernel's spec ships with the package, beside the installed ones.
         self.kernel_spec_manager.kernel_dirs.append(str(PACKAGED_KERNELSPECS))
+        self.containers: ContainerRuntime | None = None
+        if self.container_engine:
+            nvidia = [gpu.uuid for gpu in self.inventory.devices() if not gpu.virtual]
+            self.containers = ContainerRuntime(
+                Engine(self.container_engine),
+                self.host_id,
+                self.state_path,
+                mounts=list(self.container_mounts),
+                gpu_uuids=nvidia if self.inventory.kind == "nvml" else [],
+            )
+            self.log.info("replica containers run on %s", self.container_engine)
         self.replicas = ReplicaTable(
             state_dir=self.state_path,
             kernel_spec_manager=self.kernel_spec_manager,
@@ -571,6 +617,7 @@ class HostAgentApp(Application):
             config_parent=self,
             isolation=self.isolation,
             keep_logs_for=max(0.0, self.replica_logs_kept_days) * 86400,
+            containers=self.containers,
         )
         self.replicas.remove_stale_folders()
         self.jobs = JobTable(
@@ -630,8 +677,9 @@ class HostAgentApp(Application):
     # -- running ----------------------------------------------------------------------------
 
     def host_report(self) -> dict[str, Any]:
-        """The host model: served at ``GET /api/host`` and sent as every heartbeat's body."""
-        return {
+        """The host model: served at ``GET /api/host`` and sent as every heartbeat's body; an
+        agent with a container engine adds ``containers`` (its engine, and whether it answers)."""
+        report = {
             "id": self.host_id,
             "instance": self.instance_id,
             "address": self.address,
@@ -644,6 +692,10 @@ class HostAgentApp(Application):
             "isolation": self.isolation.model(),
             "gpu_settings": self.gpu_settings.owners(),
         }
+        containers = self.replicas.containers_model()
+        if containers is not None:
+            report["containers"] = containers
+        return report
 
     def _on_replicas_changed(self) -> None:
         self.gpu_settings.replicas_changed()
@@ -660,6 +712,14 @@ class HostAgentApp(Application):
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signum, stopping)
         self.start_cache_broker()
+        # Before it serves: its first answer and heartbeat list the replicas it adopted.
+        try:
+            containers = await self.replicas.adopt_containers()
+        except EngineUnavailable as e:
+            self.log.error("replica containers of the previous agent not adopted: %s", e)
+        else:
+            if containers:
+                self.log.info("replica containers adopted: %s", ", ".join(containers))
         server = HTTPServer(self.web_app)
         server.add_sockets(self.sockets)
         write_runtime(

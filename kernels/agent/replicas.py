@@ -28,13 +28,17 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Configurable
 
 from kernelfleet.errors import Conflict, InvalidRequest, KernelDead, KernelStartFailed, NotFound
+from kernelfleet.kernels.agent.containers.engine import EngineUnavailable
+from kernelfleet.kernels.agent.containers.provisioner import ContainerProvisioner
+from kernelfleet.kernels.agent.containers.runtime import ContainerRuntime, FoundContainer
+from kernelfleet.kernels.agent.containers.spec import ContainerSpec, container_spec
 from kernelfleet.kernels.agent.kernel_process import (
     PORT_TAKEN,
     Isolation,
@@ -62,6 +66,9 @@ ZMQ_PORTS = tuple(key for key in CONNECTION_KEYS if key.endswith("_port"))
 PORT_ATTEMPTS = 3  # launches with fresh ports when another process took one first
 # Never handed to kernels: user code must not be able to drive the host agent.
 SCRUBBED_ENV = frozenset({"KERNELFLEET_TOKEN"})
+INHERITED_BY_CONTAINERS = "KERNELFLEET_"
+"""A container inherits only the agent's variables of this prefix (log level, Raft and garbage
+collection settings): the rest (PATH, PYTHONPATH, a virtualenv) describe the host, not the image."""
 SWEEP_INTERVAL = 300.0  # seconds between sweeps of stale replica folders
 SWEEP_MIN_AGE = 60.0  # a folder this recent may belong to a replica starting now
 
@@ -240,10 +247,31 @@ class Replica:
             "connection": self.connection(),
             "raft_address": self.raft_address,
             "uid": None if self.owner is None else self.owner[0],
+            "runtime": "process" if self.container is None else "container",
+            "exit_reason": None if self.container is None else self.container.exit_reason,
         }
 
+    @property
+    def container(self) -> ContainerProvisioner | None:
+        """The provisioner of its container, when it runs in one."""
+        provisioner = self.km.provisioner
+        return provisioner if isinstance(provisioner, ContainerProvisioner) else None
+
+    @property
+    def log_name(self) -> str:
+        """Where `log_tail` reads: kernel.log, or the container's log while it exists."""
+        container = self.container
+        if container is not None and container.container_id is not None:
+            return f"container {container.container_name} (image {container.spec.image})"
+        return str(self.log_path)
+
     def log_tail(self, offset: int = 0, lines: int = LOG_TAIL_LINES) -> str:
-        """The last ``lines`` lines of kernel.log written after byte ``offset``."""
+        """The last ``lines`` lines of kernel.log written after byte ``offset``; for a replica
+        in a container that still exists, the last lines of the container's log."""
+        container = self.container
+        if container is not None and container.container_id is not None:
+            text = container.log_tail(lines).splitlines()[-lines:]
+            return "\n".join(text) if text else "(the container wrote nothing)"
         try:
             with open(self.log_path, "rb") as f:
                 size = f.seek(0, os.SEEK_END)
@@ -264,7 +292,9 @@ class ReplicaTable:
     reach ``KernelManager`` and the kernel provisioners; its ``gateway_url`` (``--gateway``)
     is what replicas get as `ReplicaEnv.GATEWAY_URL`, with the kernel's token from the start
     request as `ReplicaEnv.KERNEL_TOKEN`. ``isolation`` says which user replicas run as
-    (`choose_isolation`; by default the agent's own).
+    (`choose_isolation`; by default the agent's own). ``containers`` runs the replicas of
+    container kernelspecs (``metadata.kernelfleet.runtime = "container"``; without it they are
+    refused); `adopt_containers` takes over those a previous agent left running.
     """
 
     def __init__(
@@ -283,10 +313,14 @@ class ReplicaTable:
         config_parent: Configurable | None = None,
         isolation: Isolation | None = None,
         keep_logs_for: float = 0.0,
+        containers: ContainerRuntime | None = None,
     ) -> None:
         self.replicas_dir = state_dir / "replicas"
         self.cache_broker: Path | None = None
         """The socket of the agent's cache broker, told to replicas; None: no broker."""
+        self.containers = containers
+        self.engine_problem: str | None = None
+        """Why the container engine does not answer, while it does not."""
         self.keep_logs_for = keep_logs_for
         self.isolation = isolation or choose_isolation(KernelUser.SAME, self.replicas_dir)
         self.kernel_spec_manager = kernel_spec_manager
@@ -334,6 +368,7 @@ class ReplicaTable:
         if request.replica_id in self._replicas:
             raise Conflict(f"a replica with id {request.replica_id!r} already exists on this host")
         self._check_kernelspec(request.kernel_name)
+        spec = self._container_spec(request.kernel_name)
         timeout = self._launch_timeout_for(request)
         owner = self._owner_for(request.kernel_id)
         directory = self.replicas_dir / request.replica_id
@@ -357,12 +392,15 @@ class ReplicaTable:
         async with replica.lock:
             try:
                 replica.open_log()
+                cwd = str(self._kernel_cwd(replica, folders))
                 launch_args: dict[str, Any] = {
-                    "cwd": str(self._kernel_cwd(replica, folders)),
+                    "cwd": cwd,
                     "stdout": replica.log_file,
                     "stderr": replica.log_file,
                     **km.launch_options(),
                 }
+                if spec is not None:
+                    self._use_container(replica, spec, [str(directory), cwd])
                 for attempt in range(1, PORT_ATTEMPTS + 1):
                     launch_args["env"] = self._kernel_env(replica)
                     try:
@@ -382,6 +420,88 @@ class ReplicaTable:
                 await self._discard(replica, keep_log=True)
                 raise
             self._set_state(replica, ReplicaState.READY)
+        if spec is not None:
+            self._engine_back()
+        return replica
+
+    async def adopt_containers(self) -> list[str]:
+        """Take over the replica containers a previous agent of this host id and state dir
+        left running (found by their labels), as ready replicas with the ports and connection
+        they had; remove those that exited. Return the ids adopted. Called at agent start,
+        before the agent answers anything (the start's sweep of stale folders spared theirs:
+        their processes, visible in ``/proc``, point to them)."""
+        if self.containers is None:
+            return []
+        adopted = []
+        for found in await asyncio.to_thread(self.containers.found):
+            problem = self._why_not_adopt(found)
+            if problem is None:
+                try:
+                    self._adopt(found)
+                    adopted.append(found.replica_id)
+                    continue
+                except Exception as e:
+                    problem = f"it could not be adopted: {e}"
+            log.warning("container %s: %s; removing it", found.name, problem)
+            await asyncio.to_thread(self.containers.remove, found.container_id)
+        if adopted:
+            self._changed()
+        return adopted
+
+    def _why_not_adopt(self, found: FoundContainer) -> str | None:
+        if not found.running:
+            return "it exited while no agent watched it"
+        if not ID_PATTERN.fullmatch(found.replica_id) or found.replica_id in self._replicas:
+            return f"its replica id {found.replica_id!r} is not valid here"
+        if not (self.replicas_dir / found.replica_id / "connection.json").is_file():
+            return "its replica folder has no connection file"
+        if found.owner != self.isolation.owner(found.kernel_id):
+            return "it runs as another user than this agent gives its kernel"
+        return None
+
+    def _adopt(self, found: FoundContainer) -> Replica:
+        """A ready `Replica` for a running container `found` (see `adopt_containers`)."""
+        assert self.containers is not None
+        directory = self.replicas_dir / found.replica_id
+        self._check_kernelspec(found.kernel_name)
+        spec = self._container_spec(found.kernel_name)
+        if spec is None:
+            raise Conflict(f"kernelspec {found.kernel_name!r} no longer runs containers")
+        km = ReplicaKernelManager(
+            parent=self.config_parent,
+            kernel_name=found.kernel_name,
+            kernel_spec_manager=self.kernel_spec_manager,
+            ip=self.kernel_ip,
+            connection_file=str(directory / "connection.json"),
+            shutdown_wait_time=self.stop_timeout,
+            cache_ports=False,
+        )
+        km.load_connection_file()
+        km.owner = found.owner
+        request = ReplicaRequest(
+            replica_id=found.replica_id,
+            kernel_id=found.kernel_id,
+            kernel_name=found.kernel_name,
+            raft=bool(found.raft_address),
+        )
+        replica = Replica(request, km, directory, self.launch_timeout, found.owner)
+        replica.raft_address = found.raft_address or None
+        replica.ports = [int(getattr(km, name)) for name in ZMQ_PORTS]
+        if found.raft_address:
+            replica.ports.append(int(found.raft_address.rsplit(":", 1)[1]))
+        self._ports_given.update(replica.ports)
+        cwd = found.working_dir or str(directory)
+        self._use_container(replica, spec, [str(directory), cwd])
+        assert replica.container is not None
+        replica.container.adopt(found.container_id)
+        # What a restart launches with (start_kernel keeps it; this manager never started).
+        km._launch_args = cast(Any, {"cwd": cwd, "env": found.env})
+        replica.open_log()
+        replica.note(f"adopted container {found.name} at {time.ctime()}")
+        replica.state = ReplicaState.READY
+        self._replicas[replica.id] = replica
+        log.info("replica %s (kernel %s): adopted its running container %s", replica.id,
+                 replica.kernel_id, found.name)  # fmt: skip
         return replica
 
     async def interrupt(self, replica_id: str) -> None:
@@ -480,7 +600,13 @@ class ReplicaTable:
                     log.exception("replica %s: liveness check failed", replica.id)
 
     async def _check_alive(self, replica: Replica) -> None:
-        exit_code = await process_exit_code(replica.km)
+        try:
+            exit_code = await process_exit_code(replica.km)
+        except EngineUnavailable as e:
+            self._engine_lost(replica, e.message)
+            return
+        if replica.container is not None:
+            self._engine_back()
         if exit_code is not None and replica.state is ReplicaState.READY:
             replica.exit_code = exit_code
             self._set_state(replica, ReplicaState.DEAD)
@@ -491,6 +617,31 @@ class ReplicaTable:
                 exit_code,
                 replica.log_path,
             )
+
+    def containers_model(self) -> dict[str, Any] | None:
+        """The ``containers`` member of the host model: the engine and whether the agent
+        reaches it (None: this agent runs no containers)."""
+        if self.containers is None:
+            return None
+        problem = self.engine_problem
+        return {"engine": self.containers.engine.url, "reachable": problem is None, "why": problem}
+
+    def _engine_lost(self, replica: Replica, why: str) -> None:
+        """The engine stopped answering about `replica`'s container: the agent can neither
+        watch nor stop it, so the replica is given up for dead (the gateway moves its kernel);
+        a stop still asks the kernel itself to exit, over its control channel."""
+        if self.engine_problem is None:
+            log.error("the container engine is gone: %s; its replicas are given up", why)
+            self.engine_problem = why
+        assert replica.container is not None
+        replica.container.exit_reason = f"{why}: the agent can no longer watch its container"
+        self._set_state(replica, ReplicaState.DEAD)
+
+    def _engine_back(self) -> None:
+        if self.engine_problem is not None:
+            log.warning("the container engine answers again")
+            self.engine_problem = None
+            self._changed()
 
     # -- internals --------------------------------------------------------------------------
 
@@ -503,6 +654,32 @@ class ReplicaTable:
     def _set_state(self, replica: Replica, state: ReplicaState) -> None:
         replica.move_to(state)
         self._changed()
+
+    def _container_spec(self, name: str) -> ContainerSpec | None:
+        """The kernelspec's container settings (None: a process); ``InvalidRequest`` for bad
+        ones, ``Conflict`` if this agent runs no containers."""
+        metadata = self.kernel_spec_manager.get_kernel_spec(name).metadata
+        spec = container_spec(metadata, name)
+        if spec is not None and self.containers is None:
+            raise Conflict(
+                f"kernelspec {name!r} runs kernels in containers (image {spec.image!r}), "
+                "which this host agent does not: start it with --container-engine"
+            )
+        return spec
+
+    def _use_container(self, replica: Replica, spec: ContainerSpec, binds: list[str]) -> None:
+        """Have the replica's kernel manager start a container instead of a process."""
+        assert self.containers is not None
+        replica.km.provisioner = self.containers.provisioner(
+            replica.km,
+            spec,
+            replica_id=replica.id,
+            kernel_id=replica.kernel_id,
+            raft_address=replica.raft_address,
+            owner=replica.owner,
+            binds=binds,
+            log_sink=lambda data: _append_log(replica, data),
+        )
 
     def _check_kernelspec(self, name: str) -> None:
         try:
@@ -542,7 +719,11 @@ class ReplicaTable:
 
     def _kernel_env(self, replica: Replica) -> dict[str, str]:
         request = replica.request
-        env = {**self.base_env, **request.env}
+        inherited = self.base_env
+        if replica.container is not None:
+            prefix = INHERITED_BY_CONTAINERS
+            inherited = {k: v for k, v in inherited.items() if k.startswith(prefix)}
+        env = {**inherited, **request.env}
         for name in (*SCRUBBED_ENV, ReplicaEnv.GATEWAY_URL.value, ReplicaEnv.KERNEL_TOKEN.value):
             env.pop(name, None)  # the agent's own values, or a request's: not the kernel's
         env.update(replica.folder_env)
@@ -616,19 +797,23 @@ class ReplicaTable:
             problem = f"could not be launched: {e}"
         else:
             log.info(
-                "replica %s (kernel %s, %s) ready in %.2f s, pid %s",
+                "replica %s (kernel %s, %s) ready in %.2f s, %s",
                 replica.id,
                 replica.kernel_id,
                 replica.kernel_name,
                 time.monotonic() - started,
-                replica.pid,
+                f"pid {replica.pid}" if replica.container is None else replica.log_name,
             )
             return
         replica.exit_code = await _kill_quietly(replica)
         self._set_state(replica, ReplicaState.DEAD)
+        container = replica.container
+        if container is not None and container.exit_reason:
+            problem = f"{problem} ({container.exit_reason})"
+        tail = await asyncio.to_thread(replica.log_tail, offset)
         message = (
             f"kernel {replica.kernel_name!r} for replica {replica.id} {problem}; "
-            f"last lines of {replica.log_path}:\n{replica.log_tail(offset)}"
+            f"last lines of {replica.log_name}:\n{tail}"
         )
         log.warning("%s", message)
         raise KernelStartFailed(message)
@@ -687,6 +872,9 @@ class ReplicaTable:
         if replica.state is not ReplicaState.STOPPED:
             replica.move_to(ReplicaState.STOPPED)
         km = replica.km
+        if replica.container is not None and self.engine_problem is not None:
+            await self._abandon(replica)
+            return
         try:
             if await km.is_alive():
                 await km.shutdown_kernel(now=False)  # shutdown request, SIGTERM, SIGKILL; cleanup
@@ -708,9 +896,36 @@ class ReplicaTable:
             await asyncio.to_thread(remove_replica_folder, replica.directory, keep_log=keep)
         self._changed()
 
+    async def _abandon(self, replica: Replica) -> None:
+        """`_discard` while the engine does not answer: ask the kernel to exit over its
+        control channel (its container then exits with it), keep its folder (the container
+        may still use it; the sweep or the next agent's start clears what is left)."""
+        try:
+            await replica.km.request_shutdown()
+            await asyncio.sleep(0.2)  # let the request leave before the socket closes
+            replica.km.cleanup_connection_file()
+        except Exception:
+            log.exception("replica %s: could not ask its kernel to exit", replica.id)
+        if replica.log_file is not None:
+            replica.note(
+                f"stopped while the container engine did not answer: {self.engine_problem}"
+            )
+            replica.log_file.close()
+            replica.log_file = None
+        log.warning("replica %s: the engine does not answer; its kernel was asked to exit and "
+                    "its container is left to the next agent start", replica.id)  # fmt: skip
+        self._changed()
+
     def _check_not_closing(self) -> None:
         if self._closing:
             raise Conflict("this host agent is shutting down")
+
+
+def _append_log(replica: Replica, data: bytes) -> None:
+    """Append what the replica's container wrote to its kernel.log (when it is removed)."""
+    if replica.log_file is not None and data:
+        replica.log_file.write(data if data.endswith(b"\n") else data + b"\n")
+        replica.log_file.flush()
 
 
 def _has_process(replica: Replica) -> bool:

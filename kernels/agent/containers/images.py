@@ -1,0 +1,265 @@
+"""The kernel image: a user's base image plus kernelfleet's replica kernel (`Containerfile`),
+and the kernelspec that runs kernels in it.
+
+`build_kernel_image` checks the base image (on the engine, never pulled; it must run
+``python3`` of this machine's Python version, since the wheels are made here), assembles the
+build context (this kernelfleet as a wheel, the packages its kernel imports as wheels resolved
+by this machine's pip, with its configured indexes, and pip itself) and builds it through the
+engine's API. The image carries the context's content hash as a label (`LABEL_RECIPE`): an image
+of that tag and hash already on the engine is used as it is, so a second build of an unchanged
+recipe costs the hash alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+
+import kernelfleet
+from kernelfleet.kernels.agent.containers.engine import LABEL_PREFIX, UNREACHABLE, Engine
+from kernelfleet.kernels.agent.containers.spec import METADATA_KEY, ContainerSpec
+
+RECIPE = Path(__file__).resolve().parent / "Containerfile"
+LABEL_RECIPE = LABEL_PREFIX + "recipe"
+KERNEL_ARGV = ["python3", "-m", "kernelfleet.kernels.replica.kernel", "-f", "{connection_file}"]
+KERNEL_REQUIREMENTS = (
+    "ipykernel",
+    "jupyter-client",
+    "jupyter-core",
+    "pysyncobj",
+    "pyzmq",
+    "tornado",
+    "traitlets",
+    "cloudpickle",
+    "cryptography",
+)
+"""What the replica kernel imports besides the standard library (pinned to this machine's
+versions, so the image speaks as the fleet does)."""
+_SKIPPED = {"__pycache__", "node_modules", "labextension", "src", "style"}
+"""Folders of the package the kernel never reads (the JupyterLab extension's sources)."""
+
+
+class ImageBuildError(Exception):
+    """The image could not be built; the message names the image and what to do."""
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    tag: str
+    image_id: str
+    recipe_hash: str
+    reused: bool
+    """True when an image of this tag and recipe hash was there already (nothing built)."""
+
+
+def build_kernel_image(
+    engine: Engine, base: str, tag: str, *, log: Any = print, pip: str = sys.executable
+) -> BuiltImage:
+    """Build (or find) the kernel image `tag` from `base`; `ImageBuildError` when the base
+    image is missing, has no python3 or another Python version, or the build fails."""
+    client = engine.client()
+    try:
+        base_id = client.images.get(base).id
+    except docker.errors.ImageNotFound:
+        raise ImageBuildError(
+            f"base image {base!r} is not on the container engine at {engine.url}; kernelfleet "
+            "never pulls: pull, load or import it there first"
+        ) from None
+    except (docker.errors.DockerException, *UNREACHABLE) as e:
+        raise engine.unavailable(e) from e
+    _check_python(client, base)
+    with tempfile.TemporaryDirectory(prefix="kernelfleet-image-") as folder:
+        context = Path(folder)
+        _assemble_context(context, pip, log)
+        recipe_hash = _content_hash(context, extra=f"{base_id}\n")
+        try:
+            existing = client.images.get(tag)
+        except docker.errors.ImageNotFound:
+            existing = None
+        if existing is not None and (existing.labels or {}).get(LABEL_RECIPE) == recipe_hash:
+            log(f"{tag}: up to date (recipe {recipe_hash[:12]})")
+            return BuiltImage(tag, str(existing.id), recipe_hash, reused=True)
+        log(f"{tag}: building from {base} (recipe {recipe_hash[:12]})")
+        try:
+            image, _logs = client.images.build(
+                path=str(context),
+                dockerfile="Containerfile",
+                tag=tag,
+                buildargs={"BASE": base},
+                labels={LABEL_RECIPE: recipe_hash},
+                rm=True,
+                forcerm=True,
+                pull=False,
+            )
+        except docker.errors.BuildError as e:
+            lines = [str(chunk.get("stream") or chunk.get("error") or "") for chunk in e.build_log]
+            tail = "".join(lines)[-3000:]
+            raise ImageBuildError(f"building {tag} from {base} failed: {e.msg}\n{tail}") from None
+        except docker.errors.APIError as e:
+            raise ImageBuildError(f"building {tag} from {base} failed: {e}") from None
+        return BuiltImage(tag, str(image.id), recipe_hash, reused=False)
+
+
+def _check_python(client: Any, base: str) -> None:
+    """`ImageBuildError` unless `base` runs python3 of this machine's major.minor version."""
+    wanted = f"{sys.version_info.major}.{sys.version_info.minor}"
+    probe = "import sys; print('%d.%d' % sys.version_info[:2])"
+    container = client.containers.create(
+        base, ["python3", "-c", probe], network_mode="none", entrypoint=""
+    )
+    try:
+        container.start()
+        code = container.wait(timeout=120).get("StatusCode")
+        out = container.logs(stdout=True, stderr=True)
+        if code != 0:
+            raise ImageBuildError(
+                f"base image {base!r}: python3 exited with {code}: {bytes(out).decode()[-500:]}"
+            )
+    except docker.errors.APIError as e:
+        raise ImageBuildError(
+            f"base image {base!r} cannot run python3 ({e.explanation or e}): a kernel image "
+            f"needs a base image with Python {wanted} as python3 on its PATH"
+        ) from None
+    finally:
+        container.remove(force=True)
+    found = bytes(out).decode(errors="replace").strip()
+    if found != wanted:
+        raise ImageBuildError(
+            f"base image {base!r} has Python {found}, this machine {wanted}: the kernel's wheels "
+            f"are made here, so build on a machine with Python {found}, or pick a base image "
+            f"with Python {wanted}"
+        )
+
+
+def _assemble_context(context: Path, pip: str, log: Any) -> None:
+    """Containerfile, and wheels/: kernelfleet, the kernel's requirements, pip.whl."""
+    shutil.copy(RECIPE, context / "Containerfile")
+    wheels = context / "wheels"
+    wheels.mkdir()
+    kernelfleet_wheel = write_kernelfleet_wheel(wheels)
+    pins = [f"{name}=={importlib.metadata.version(name)}" for name in KERNEL_REQUIREMENTS]
+    pip_pin = f"pip=={importlib.metadata.version('pip')}"
+    log(f"resolving {len(pins)} requirements with this machine's pip")
+    done = subprocess.run(
+        [pip, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels), *pins, pip_pin],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise ImageBuildError(f"pip could not make the kernel's wheels:\n{done.stderr[-3000:]}")
+    pip_wheels = sorted(wheels.glob("pip-*.whl"))
+    if not pip_wheels:
+        raise ImageBuildError("pip made no wheel of pip itself")
+    shutil.copy(pip_wheels[0], wheels / "pip.whl")
+    requirements = [f"kernelfleet @ file:///tmp/kernelfleet-wheels/{kernelfleet_wheel.name}"]
+    (wheels / "requirements.txt").write_text("\n".join([*requirements, *pins]) + "\n")
+
+
+def write_kernelfleet_wheel(folder: Path) -> Path:
+    """This kernelfleet as a pure-Python wheel in `folder`: its package files (not the
+    JupyterLab extension's sources) and its installed metadata's entry points (the magics),
+    with no dependencies declared (the image's requirements list them). Made here because the
+    project's own build (hatchling, with the extension's Node.js build) is not needed inside a
+    kernel."""
+    version = kernelfleet.__version__
+    name = f"kernelfleet-{version}-py3-none-any.whl"
+    dist_info = f"kernelfleet-{version}.dist-info"
+    package = Path(kernelfleet.__file__).resolve().parent
+    records: list[str] = []
+    path = folder / name
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as wheel:
+
+        def add(arcname: str, data: bytes) -> None:
+            info = zipfile.ZipInfo(arcname, date_time=(2020, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            wheel.writestr(info, data, zipfile.ZIP_DEFLATED)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            records.append(f"{arcname},sha256={digest.decode()},{len(data)}")
+
+        for file in _package_files(package):
+            add("kernelfleet/" + file.relative_to(package).as_posix(), file.read_bytes())
+        add(f"{dist_info}/METADATA",
+            f"Metadata-Version: 2.1\nName: kernelfleet\nVersion: {version}\n".encode())  # fmt: skip
+        add(f"{dist_info}/WHEEL",
+            b"Wheel-Version: 1.0\nGenerator: kernelfleet image build\n"
+            b"Root-Is-Purelib: true\nTag: py3-none-any\n")  # fmt: skip
+        add(f"{dist_info}/entry_points.txt", _entry_points().encode())
+        records.append(f"{dist_info}/RECORD,,")
+        wheel.writestr(f"{dist_info}/RECORD", "\n".join(records) + "\n")
+    return path
+
+
+def _package_files(package: Path) -> Iterator[Path]:
+    """The files of the package (its linked subpackages followed), in a stable order."""
+    for root, folders, files in os.walk(package, followlinks=True):
+        folders[:] = sorted(f for f in folders if f not in _SKIPPED and not f.startswith("."))
+        for name in sorted(files):
+            if not name.endswith((".pyc", ".pyo")):
+                yield Path(root) / name
+
+
+def _entry_points() -> str:
+    """The installed kernelfleet's entry points (empty if it is not installed)."""
+    try:
+        return importlib.metadata.distribution("kernelfleet").read_text("entry_points.txt") or ""
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def _content_hash(context: Path, extra: str = "") -> str:
+    """sha256 over every file of the context (its path and bytes; wheels by content, whatever
+    their time stamps), and `extra` (the base image's id)."""
+    digest = hashlib.sha256(extra.encode())
+    for file in sorted(p for p in context.rglob("*") if p.is_file()):
+        digest.update(file.relative_to(context).as_posix().encode() + b"\0")
+        if file.suffix == ".whl":
+            with zipfile.ZipFile(file) as wheel:
+                for info in sorted(wheel.infolist(), key=lambda i: i.filename):
+                    digest.update(info.filename.encode() + b"\0")
+                    digest.update(wheel.read(info))
+        else:
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def kernelspec(
+    image: str, display_name: str, cpus: float | None = None, memory: str | None = None
+) -> dict[str, Any]:
+    """The kernel.json of a kernelspec that runs the replicated kernel in `image`."""
+    settings: dict[str, Any] = {"runtime": "container", "image": image}
+    if cpus is not None:
+        settings["cpus"] = cpus
+    if memory is not None:
+        settings["memory"] = memory
+    return {
+        "argv": KERNEL_ARGV,
+        "display_name": display_name,
+        "language": "python",
+        "interrupt_mode": "signal",
+        "metadata": {"debugger": False, METADATA_KEY: settings},
+    }
+
+
+def write_kernelspec(folder: Path, spec: dict[str, Any]) -> Path:
+    """Write `spec` as ``folder/kernel.json`` (the folder's name is the kernelspec's)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "kernel.json"
+    path.write_text(json.dumps(spec, indent=1) + "\n")
+    return path
+
+
+__all__ = ["BuiltImage", "ContainerSpec", "ImageBuildError", "build_kernel_image", "kernelspec"]

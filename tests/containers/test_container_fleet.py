@@ -1,0 +1,174 @@
+"""Container kernels through the real gateway: a user's image with pandas, replicated over
+three host agents whose kernels run as users of their own, in containers of podman's."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+from collections.abc import Callable
+
+import pytest
+
+from kernelfleet.kernels.agent.containers.engine import LABEL_KERNEL, Engine
+from kernelfleet.testing import Fleet, free_port, wait_until
+from kernelfleet.testing.fleet import kernel_reachable_folder
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+async def test_a_notebook_imports_pandas_from_its_image_on_three_replicas(
+    private_fleet: Callable[..., Fleet],
+    engine_url: str,
+    engine: Engine,
+    container_kernelspecs: dict[str, str],
+) -> None:
+    store = kernel_reachable_folder()  # every container mounts it at the same path
+    try:
+        fleet = private_fleet(
+            hosts=3,
+            replicas=3,
+            env=container_kernelspecs,
+            gateway_args=(f"--GatewayApp.object_store_root={store}",),
+            host_args=("--container-engine", engine_url, "--container-mount", str(store)),
+        )
+        specs = fleet.api("GET", "/api/kernelspecs")["kernelspecs"]
+        assert specs["kf-c-pandas"]["spec"]["display_name"] == "Container kernel · pandas"
+        # and per GPU count, as every replicated kernelspec
+        one_gpu = specs["kf-c-pandas-1gpu"]["spec"]["display_name"]
+        assert one_gpu == "Container kernel · pandas · 1 GPU"
+        kernel_id = fleet.start_kernel("kf-c-pandas")
+        ws = await fleet.connect(kernel_id)
+        try:
+            reply = await ws.execute(
+                "import os, pandas\n"
+                "frame = pandas.DataFrame({'x': range(100_000)})\n"  # over the Raft log's limit
+                "print(pandas.__version__, os.getuid() == int(os.environ['USER'][7:]), "
+                "frame.x.sum())",
+                timeout=120,
+            )
+            assert reply.reply["status"] == "ok", reply.reply
+            version, own_user, total = reply.stdout.split()
+            assert version.startswith(("2.", "3."))
+            assert own_user == "True"  # the kernel's own uid (USER is kernel-<uid>)
+            assert total == str(sum(range(100_000)))
+            reply = await ws.execute("print(len(frame))", timeout=60)
+            assert reply.stdout == "100000\n"
+        finally:
+            ws.close()
+        kernel = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")
+        assert len([r for r in kernel["replicas"] if r["state"] == "ready"]) == 3
+        ours = engine.client().containers.list(filters={"label": [f"{LABEL_KERNEL}={kernel_id}"]})
+        assert len(ours) == 3
+        assert {c.attrs["Config"]["User"] for c in ours} == {ours[0].attrs["Config"]["User"]}
+        assert ours[0].attrs["Config"]["User"] != ""
+
+        fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+        def removed() -> bool:
+            listed = engine.client().containers.list(
+                all=True, filters={"label": [f"{LABEL_KERNEL}={kernel_id}"]}
+            )
+            return not listed
+
+        await wait_until(removed, 30, "the kernel's containers to be removed")
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+
+
+async def test_a_kernel_keeps_its_state_across_a_restart_of_its_agent(
+    private_fleet: Callable[..., Fleet],
+    engine_url: str,
+    engine: Engine,
+    container_kernelspecs: dict[str, str],
+) -> None:
+    """The agent is killed and started again before the gateway misses it (no link, a long
+    heartbeat timeout): it adopts the kernel's container, and the kernel goes on."""
+    store = kernel_reachable_folder()
+    try:
+        fleet = private_fleet(
+            hosts=1,
+            replicas=1,
+            env=container_kernelspecs,
+            gateway_args=(
+                f"--GatewayApp.object_store_root={store}",
+                "--GatewayApp.heartbeat_timeout=120",
+            ),
+            host_args=(
+                "--container-engine", engine_url, "--container-mount", str(store),
+                "--HostAgentApp.link_to_gateway=False",
+                "--port", str(free_port()),  # the same address again: the same agent, restarted
+            ),
+        )  # fmt: skip
+        kernel_id = fleet.start_kernel("kf-c")
+        ws = await fleet.connect(kernel_id)
+        try:
+            reply = await ws.execute("kept = 'before the restart'", timeout=60)
+            assert reply.reply["status"] == "ok", reply.reply
+        finally:
+            ws.close()
+
+        fleet.signal_host("host-1", signal.SIGKILL)  # its container is no process of its
+        fleet.start_host("host-1", 2)  # (the gateway still lists the host alive)
+        await wait_until(
+            lambda: "adopted its running container" in fleet.log("host-1"), 30, "the adoption"
+        )
+        await wait_until(  # the new agent's first heartbeat, which lists the adopted replica
+            lambda: "host host-1 restarted" in fleet.log("gateway"), 30, "the gateway to see it"
+        )
+        [replica] = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+        assert replica["state"] == "ready"
+
+        ws = await fleet.connect(kernel_id)
+        try:
+            reply = await ws.execute("print(kept)", timeout=60)
+            assert reply.stdout == "before the restart\n", reply.reply
+        finally:
+            ws.close()
+        fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+        def removed() -> bool:
+            listed = engine.client().containers.list(
+                all=True, filters={"label": [f"{LABEL_KERNEL}={kernel_id}"]}
+            )
+            return not listed
+
+        await wait_until(removed, 30, "the kernel's container to be removed")
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+
+
+async def test_a_container_given_up_while_its_agent_was_away_is_stopped(
+    private_fleet: Callable[..., Fleet],
+    engine_url: str,
+    engine: Engine,
+    container_kernelspecs: dict[str, str],
+) -> None:
+    """The gateway sees the agent's death at once (its link) and gives the kernel's only
+    replica up; the restarted agent adopts the container, and the gateway stops it."""
+    store = kernel_reachable_folder()
+    try:
+        fleet = private_fleet(
+            hosts=1,
+            replicas=1,
+            env=container_kernelspecs,
+            gateway_args=(f"--GatewayApp.object_store_root={store}",),
+            host_args=("--container-engine", engine_url, "--container-mount", str(store)),
+        )
+        kernel_id = fleet.start_kernel("kf-c")
+        fleet.signal_host("host-1", signal.SIGKILL)
+
+        def dead() -> bool:
+            return fleet.api("GET", f"/api/kernels/{kernel_id}")["execution_state"] == "dead"
+
+        await wait_until(dead, 30, "the kernel to be dead")
+        fleet.start_host("host-1", 2)
+
+        def removed() -> bool:
+            listed = engine.client().containers.list(
+                all=True, filters={"label": [f"{LABEL_KERNEL}={kernel_id}"]}
+            )
+            return not listed
+
+        await wait_until(removed, 30, "the stray container to be stopped and removed")
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
