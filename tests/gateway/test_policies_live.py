@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from kernelfleet.protocol import gpu_request
-from kernelfleet.testing import TOKEN, Fleet
+from kernelfleet.testing import TOKEN, Fleet, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -54,12 +54,13 @@ async def test_reservation_holds_gpus_for_the_kernels_whole_life(reservation_fle
 
     client.close()
     fleet.api("DELETE", f"/api/kernels/{first}", expect=204)
-    assert sum(committed(fleet).values()) == 1, "a kernel's end gives its GPUs back"
+    # DELETE answers before the replicas have stopped; their GPUs come back once they have
+    wait_for(lambda: sum(committed(fleet).values()) == 1, 30, "a kernel's end gives its GPUs back")
     third = fleet.start_kernel(env={"KERNEL_GPUS": "1"})
     assert sum(committed(fleet).values()) == 2
     for kernel_id in (second, third):
         fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
-    assert sum(committed(fleet).values()) == 0
+    wait_for(lambda: sum(committed(fleet).values()) == 0, 30, "both kernels' GPUs back")
     metrics = fleet.request_text("GET", "/metrics")
     assert "kernelfleet_ledger_breaches_total 0" in metrics
 
