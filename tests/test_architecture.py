@@ -26,6 +26,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "kernelfleet.states": (),
     "kernelfleet.runtime_file": (),
     "kernelfleet.privileges": (),
+    "kernelfleet.stage_log": (),
     "kernelfleet.raft": SHARED,
     "kernelfleet.scheduler": SHARED,
     # the processes
@@ -38,14 +39,21 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "kernelfleet.raft",
         "kernelfleet.kernels.agent.client",
         "kernelfleet.kernels.objectstore",
+        "kernelfleet.stage_log",
     ),
     "kernelfleet.kernels.agent": (
         *SHARED,
         "kernelfleet.web",
         "kernelfleet.runtime_file",
         "kernelfleet.privileges",
+        "kernelfleet.scheduler.hostkinds",  # the kinds a host may announce (on-demand, spot)
     ),
-    "kernelfleet.kernels.replica": (*SHARED, "kernelfleet.raft", "kernelfleet.kernels.objectstore"),
+    "kernelfleet.kernels.replica": (
+        *SHARED,
+        "kernelfleet.raft",
+        "kernelfleet.kernels.objectstore",
+        "kernelfleet.stage_log",
+    ),
     "kernelfleet.kernels.objectstore": SHARED,
     "kernelfleet.kernels.magics": (*SHARED, "kernelfleet.client", "kernelfleet.jobs"),
     "kernelfleet.extension": (*SHARED, "kernelfleet.client"),

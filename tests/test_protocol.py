@@ -41,6 +41,7 @@ WIRE: dict[type[enum.StrEnum], dict[str, str]] = {
         "STATUS": "kernelfleet_status_request",
         "RELEASE": "kernelfleet_release_request",
         "OUTCOME": "kernelfleet_outcome_request",
+        "BIND": "kernelfleet_bind_request",
     },
     Reply: {
         "JOIN": "kernelfleet_join_reply",
@@ -49,6 +50,7 @@ WIRE: dict[type[enum.StrEnum], dict[str, str]] = {
         "STATUS": "kernelfleet_status_reply",
         "RELEASE": "kernelfleet_release_reply",
         "OUTCOME": "kernelfleet_outcome_reply",
+        "BIND": "kernelfleet_bind_reply",
     },
     Role: {"LEAD": "lead", "YIELD": "yield", "SETTLE": "settle"},
     ErrorName: {
@@ -130,8 +132,8 @@ def test_each_request_has_its_reply_and_its_channel() -> None:
         reply.name: reply for reply in Reply
     }
     channels = {request: request.channel for request in Request}
-    # The join runs on the main thread, where the Raft log's callbacks arrive; the others must
-    # get through while a cell runs.
+    # The join and a pooled group's bind run on the main thread, where the Raft log's callbacks
+    # arrive and no cell runs yet; the others must get through while a cell runs.
     assert channels == {
         Request.JOIN: Channel.SHELL,
         Request.MEMBERSHIP: Channel.CONTROL,
@@ -139,6 +141,7 @@ def test_each_request_has_its_reply_and_its_channel() -> None:
         Request.STATUS: Channel.CONTROL,
         Request.RELEASE: Channel.CONTROL,
         Request.OUTCOME: Channel.CONTROL,
+        Request.BIND: Channel.SHELL,
     }
 
 
