@@ -374,16 +374,7 @@ class ReplicaTable:
         directory = self.replicas_dir / request.replica_id
         folders = ReplicaFolders(directory, owner)
         folder_env = folders.prepare()
-        km = ReplicaKernelManager(
-            parent=self.config_parent,
-            kernel_name=request.kernel_name,
-            kernel_spec_manager=self.kernel_spec_manager,
-            ip=self.kernel_ip,
-            connection_file=str(directory / "connection.json"),
-            shutdown_wait_time=self.stop_timeout,
-            cache_ports=False,  # jupyter_client's cache would replace the ports set here
-        )
-        km.owner = owner
+        km = self._kernel_manager(request.kernel_name, directory, owner)
         replica = Replica(request, km, directory, timeout, owner)
         replica.folder_env = folder_env
         self._assign_ports(replica)
@@ -467,17 +458,8 @@ class ReplicaTable:
         spec = self._container_spec(found.kernel_name)
         if spec is None:
             raise Conflict(f"kernelspec {found.kernel_name!r} no longer runs containers")
-        km = ReplicaKernelManager(
-            parent=self.config_parent,
-            kernel_name=found.kernel_name,
-            kernel_spec_manager=self.kernel_spec_manager,
-            ip=self.kernel_ip,
-            connection_file=str(directory / "connection.json"),
-            shutdown_wait_time=self.stop_timeout,
-            cache_ports=False,
-        )
+        km = self._kernel_manager(found.kernel_name, directory, found.owner)
         km.load_connection_file()
-        km.owner = found.owner
         request = ReplicaRequest(
             replica_id=found.replica_id,
             kernel_id=found.kernel_id,
@@ -817,6 +799,22 @@ class ReplicaTable:
         )
         log.warning("%s", message)
         raise KernelStartFailed(message)
+
+    def _kernel_manager(
+        self, kernel_name: str, directory: Path, owner: tuple[int, int] | None
+    ) -> ReplicaKernelManager:
+        """The kernel manager of a replica in `directory`, run as `owner` (launch and adoption)."""
+        km = ReplicaKernelManager(
+            parent=self.config_parent,
+            kernel_name=kernel_name,
+            kernel_spec_manager=self.kernel_spec_manager,
+            ip=self.kernel_ip,
+            connection_file=str(directory / "connection.json"),
+            shutdown_wait_time=self.stop_timeout,
+            cache_ports=False,  # jupyter_client's cache would replace the ports set here
+        )
+        km.owner = owner
+        return km
 
     def _assign_ports(self, replica: Replica) -> None:
         """Give the replica's kernel manager 5 ZMQ ports, and a replicated one a Raft port,
