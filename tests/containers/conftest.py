@@ -34,7 +34,7 @@ import docker
 import docker.errors
 import pytest
 
-from kernelfleet.kernels.agent.containers.engine import LABEL_STATE_DIR, Engine
+from kernelfleet.kernels.agent.containers.engine import LABEL_STATE_DIR, Engine, list_containers
 from kernelfleet.kernels.agent.containers.images import (
     build_kernel_image,
     kernelspec,
@@ -116,7 +116,7 @@ def engine(engine_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     # temporary fleet folder removed by now).
     ours = str(tmp_path_factory.getbasetemp())
     client = engine.client()
-    for container in client.containers.list(all=True, filters={"label": [LABEL_STATE_DIR]}):
+    for container in list_containers(client, {"label": [LABEL_STATE_DIR]}):
         state_dir = container.labels.get(LABEL_STATE_DIR, "")
         gone = state_dir.startswith(tempfile.gettempdir()) and not os.path.isdir(state_dir)
         if state_dir.startswith(ours) or gone:

@@ -6,14 +6,24 @@ from __future__ import annotations
 import shutil
 import signal
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from kernelfleet.kernels.agent.containers.engine import LABEL_KERNEL, Engine
+from kernelfleet.kernels.agent.containers.engine import LABEL_KERNEL, Engine, list_containers
 from kernelfleet.testing import Fleet, free_port, wait_until
 from kernelfleet.testing.fleet import kernel_reachable_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def containers_of(engine: Engine, kernel_id: str) -> list[Any]:
+    """The kernel's replica containers, running or not."""
+    return list_containers(engine.client(), {"label": [f"{LABEL_KERNEL}={kernel_id}"]})
+
+
+async def wait_until_removed(engine: Engine, kernel_id: str, what: str) -> None:
+    await wait_until(lambda: not containers_of(engine, kernel_id), 30, what)
 
 
 async def test_a_notebook_imports_pandas_from_its_image_on_three_replicas(
@@ -57,20 +67,14 @@ async def test_a_notebook_imports_pandas_from_its_image_on_three_replicas(
             ws.close()
         kernel = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")
         assert len([r for r in kernel["replicas"] if r["state"] == "ready"]) == 3
-        ours = engine.client().containers.list(filters={"label": [f"{LABEL_KERNEL}={kernel_id}"]})
+        ours = containers_of(engine, kernel_id)
         assert len(ours) == 3
         assert {c.attrs["Config"]["User"] for c in ours} == {ours[0].attrs["Config"]["User"]}
         assert ours[0].attrs["Config"]["User"] != ""
 
         fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
-        def removed() -> bool:
-            listed = engine.client().containers.list(
-                all=True, filters={"label": [f"{LABEL_KERNEL}={kernel_id}"]}
-            )
-            return not listed
-
-        await wait_until(removed, 30, "the kernel's containers to be removed")
+        await wait_until_removed(engine, kernel_id, "the kernel's containers to be removed")
     finally:
         shutil.rmtree(store, ignore_errors=True)
 
@@ -126,13 +130,7 @@ async def test_a_kernel_keeps_its_state_across_a_restart_of_its_agent(
             ws.close()
         fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
-        def removed() -> bool:
-            listed = engine.client().containers.list(
-                all=True, filters={"label": [f"{LABEL_KERNEL}={kernel_id}"]}
-            )
-            return not listed
-
-        await wait_until(removed, 30, "the kernel's container to be removed")
+        await wait_until_removed(engine, kernel_id, "the kernel's container to be removed")
     finally:
         shutil.rmtree(store, ignore_errors=True)
 
@@ -163,12 +161,6 @@ async def test_a_container_given_up_while_its_agent_was_away_is_stopped(
         await wait_until(dead, 30, "the kernel to be dead")
         fleet.start_host("host-1", 2)
 
-        def removed() -> bool:
-            listed = engine.client().containers.list(
-                all=True, filters={"label": [f"{LABEL_KERNEL}={kernel_id}"]}
-            )
-            return not listed
-
-        await wait_until(removed, 30, "the stray container to be stopped and removed")
+        await wait_until_removed(engine, kernel_id, "the stray container to be stopped and removed")
     finally:
         shutil.rmtree(store, ignore_errors=True)

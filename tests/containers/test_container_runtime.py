@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,12 @@ from typing import Any
 import pytest
 
 from kernelfleet.errors import Conflict, KernelStartFailed
-from kernelfleet.kernels.agent.containers.engine import LABEL_HOST, LABEL_REPLICA, Engine
+from kernelfleet.kernels.agent.containers.engine import (
+    LABEL_HOST,
+    LABEL_REPLICA,
+    Engine,
+    list_containers,
+)
 from kernelfleet.testing import wait_until
 from tests.containers.conftest import podman_service
 from tests.kernels.conftest import REPO_ROOT, AgentProcess
@@ -36,9 +42,7 @@ async def container_agent(
 
 
 def containers_of(engine: Engine, host_id: str) -> list[Any]:
-    return list(
-        engine.client().containers.list(all=True, filters={"label": [f"{LABEL_HOST}={host_id}"]})
-    )
+    return list_containers(engine.client(), {"label": [f"{LABEL_HOST}={host_id}"]})
 
 
 async def test_start_execute_interrupt_restart_stop(
@@ -259,7 +263,7 @@ def test_image_build_names_a_bad_base_and_writes_the_kernelspec(
     assert spec["metadata"]["kernelfleet"] == {
         "runtime": "container", "image": kernel_image, "memory": "1g",
     }  # fmt: skip
-    leftovers = engine.client().containers.list(all=True, filters={"ancestor": base_image})
+    leftovers = list_containers(engine.client(), {"ancestor": base_image})
     assert leftovers == []  # the Python probe's container is gone
 
 
@@ -293,3 +297,27 @@ async def test_an_engine_that_goes_away_gives_its_replicas_up(
 
     await wait_until(exited, 20, "the kernel and its container to exit")
     container.remove(force=True)
+
+
+def test_a_listing_leaves_out_containers_removed_while_it_runs(engine: Engine, kernel_image: str):
+    """podman answers 500 "no such container" (not 404) when a listed container is removed
+    before its inspection; ``containers.list`` raises on it, `list_containers` must not."""
+    client = engine.client()
+    label = {"io.kernelfleet.test": "listing-race"}
+    sleeper = ["python3", "-c", "import time; time.sleep(60)"]
+    for _ in range(4):
+        ids = [
+            client.api.create_container(kernel_image, command=sleeper, labels=label)["Id"]
+            for _ in range(3)
+        ]
+        for container_id in ids:
+            client.api.start(container_id)
+        remover = threading.Thread(
+            target=lambda ids=ids: [client.api.remove_container(i, force=True) for i in ids]
+        )
+        remover.start()
+        while remover.is_alive():
+            listed = list_containers(client, {"label": ["io.kernelfleet.test=listing-race"]})
+            assert {c.id for c in listed} <= set(ids)
+        remover.join()
+    assert list_containers(client, {"label": ["io.kernelfleet.test=listing-race"]}) == []

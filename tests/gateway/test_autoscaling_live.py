@@ -12,7 +12,10 @@ kernel keeps its state.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +23,27 @@ from kernelfleet.testing import Fleet, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-SLEEP = "import os, time\nprint('gpus', os.environ['KERNELFLEET_GPUS'], flush=True)\ntime.sleep(10)"
+
+@pytest.fixture
+def release() -> Iterator[Path]:
+    """Where a test drops the file that ends its held cells: a folder the kernels, which run
+    under their own uids, can look into."""
+    folder = Path(tempfile.mkdtemp(prefix="kernelfleet-release-"))
+    folder.chmod(0o755)
+    yield folder / "release"
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def held_cell(release: Path) -> str:
+    """A cell that holds its GPU until `release` exists (at most two minutes): the test, not a
+    timer, decides when the GPUs free up, so a slow host start cannot outlast the demand."""
+    return (
+        "import os, time\n"
+        "print('gpus', os.environ['KERNELFLEET_GPUS'], flush=True)\n"
+        "deadline = time.monotonic() + 120\n"
+        f"while not os.path.exists({str(release)!r}) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)"
+    )
 
 
 AUTOSCALING = (
@@ -56,7 +79,7 @@ def replica_hosts(fleet: Fleet, kernel_id: str) -> set[str]:
     return {replica["host"] for replica in replicas if replica["state"] != "dead"}
 
 
-async def test_a_host_is_added_under_demand_and_removed_when_idle(scaling_fleet):
+async def test_a_host_is_added_under_demand_and_removed_when_idle(scaling_fleet, release):
     fleet = scaling_fleet
     kernels = [fleet.start_kernel(env={"KERNEL_GPUS": "1"}) for _ in range(3)]
     clients = [await fleet.connect(kernel_id) for kernel_id in kernels]
@@ -64,7 +87,7 @@ async def test_a_host_is_added_under_demand_and_removed_when_idle(scaling_fleet)
     assert remembered.reply["status"] == "ok"
     assert set(hosts(fleet)) == {"host-1", "host-2"}
 
-    busy = [c.send("execute_request", {"code": SLEEP}) for c in clients[:2]]
+    busy = [c.send("execute_request", {"code": held_cell(release)}) for c in clients[:2]]
     for client, msg_id in zip(clients[:2], busy, strict=True):
         await client.wait_for_output(msg_id, "gpus")
     late = clients[2].send(
@@ -79,6 +102,7 @@ async def test_a_host_is_added_under_demand_and_removed_when_idle(scaling_fleet)
     assert result.reply["status"] == "ok", result.reply
     assert any("waiting for 1 GPU" in line for line in said), said
     assert any("moving a replica to auto-1" in line for line in said), said
+    release.touch()
     for client, msg_id in zip(clients[:2], busy, strict=True):
         assert (await client.collect(msg_id, timeout=30)).reply["status"] == "ok"
 
@@ -113,11 +137,11 @@ def ratio_fleet(private_fleet):
     )
 
 
-async def test_a_kernel_over_the_subscription_ratio_waits_for_a_new_host(ratio_fleet):
+async def test_a_kernel_over_the_subscription_ratio_waits_for_a_new_host(ratio_fleet, release):
     fleet = ratio_fleet
     kernels = [fleet.start_kernel(env={"KERNEL_GPUS": "1"}) for _ in range(2)]
     clients = [await fleet.connect(kernel_id) for kernel_id in kernels]
-    busy = [c.send("execute_request", {"code": SLEEP}) for c in clients]
+    busy = [c.send("execute_request", {"code": held_cell(release)}) for c in clients]
     for client, msg_id in zip(clients, busy, strict=True):
         await client.wait_for_output(msg_id, "gpus")
     # Both GPUs busy, 4 GPUs subscribed: the cluster ratio is 2, and a third kernel would take
@@ -127,6 +151,7 @@ async def test_a_kernel_over_the_subscription_ratio_waits_for_a_new_host(ratio_f
     # (the log, not the API: with no cooldown the idle new host may be drained right after)
     assert re.search(rf"kernel {third} \(python3\) started on .*auto-1", fleet.log()), fleet.log()
     assert metric(fleet, "kernelfleet_scale_out_hosts_total") == 1
+    release.touch()
     for client, msg_id in zip(clients, busy, strict=True):
         assert (await client.collect(msg_id, timeout=30)).reply["status"] == "ok"
         client.close()

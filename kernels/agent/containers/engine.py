@@ -36,6 +36,31 @@ class EngineUnavailable(HostUnavailable):
     """The container engine cannot be reached (its socket is gone, or it does not answer)."""
 
 
+def is_gone(error: BaseException) -> bool:
+    """Whether an engine error says the container no longer exists. Docker answers 404; podman
+    4 answers 500 "... does not exist in database: no such container" to a container removed
+    between a listing and its inspection."""
+    if isinstance(error, docker.errors.NotFound):
+        return True
+    return isinstance(error, docker.errors.APIError) and str(error.explanation or "").endswith(
+        "no such container"
+    )
+
+
+def list_containers(client: Any, filters: dict[str, Any]) -> list[Any]:
+    """Every container (running or not) that matches `filters`, inspected, leaving out those
+    removed while the listing ran. (``client.containers.list`` raises on such a container.)
+    Blocking; engine errors other than "gone" propagate."""
+    found = []
+    for summary in client.api.containers(all=True, filters=filters):
+        try:
+            found.append(client.containers.get(summary["Id"]))
+        except docker.errors.APIError as e:
+            if not is_gone(e):
+                raise
+    return found
+
+
 def default_engine_url() -> str:
     return os.environ.get("DOCKER_HOST", "").strip() or DEFAULT_ENGINE
 

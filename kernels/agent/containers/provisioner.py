@@ -41,7 +41,7 @@ import docker.types
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 
-from kernelfleet.kernels.agent.containers.engine import UNREACHABLE, Engine
+from kernelfleet.kernels.agent.containers.engine import UNREACHABLE, Engine, is_gone
 from kernelfleet.kernels.agent.containers.spec import ContainerSpec
 
 log = logging.getLogger("kernelfleet.host.containers")
@@ -132,7 +132,9 @@ class ContainerProvisioner(KernelProvisionerBase):
             return 0
         try:
             state = (await asyncio.to_thread(self._inspect))["State"]
-        except docker.errors.NotFound:
+        except docker.errors.APIError as e:
+            if not is_gone(e):
+                raise
             self.exit_reason = "its container was removed by someone else"
             return 255
         if state.get("Running") or state.get("Status") in ("created", "configured"):
@@ -280,7 +282,9 @@ class ContainerProvisioner(KernelProvisionerBase):
         """Remove a container of this name that no agent adopted (its replica is gone)."""
         try:
             leftover = client.containers.get(self.container_name)
-        except docker.errors.NotFound:
+        except docker.errors.APIError as e:
+            if not is_gone(e):
+                raise
             return
         log.warning("removing the leftover container %s", self.container_name)
         leftover.remove(force=True)
@@ -292,7 +296,7 @@ class ContainerProvisioner(KernelProvisionerBase):
                 data = client.api.logs(container_id, stdout=True, stderr=True)
                 self.log_sink(bytes(data))
             client.api.remove_container(container_id, force=True)
-        except docker.errors.NotFound:
-            pass
         except (docker.errors.DockerException, *UNREACHABLE) as e:
+            if is_gone(e):
+                return
             log.warning("container %s could not be removed: %s", self.container_name, e)

@@ -3,7 +3,6 @@ containers, what every container mounts, and the containers a previous agent lef
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,8 @@ from kernelfleet.kernels.agent.containers.engine import (
     LABEL_STATE_DIR,
     UNREACHABLE,
     Engine,
+    is_gone,
+    list_containers,
 )
 from kernelfleet.kernels.agent.containers.provisioner import ContainerProvisioner
 from kernelfleet.kernels.agent.containers.spec import ContainerSpec
@@ -100,9 +101,8 @@ class ContainerRuntime:
         """This agent's replica containers (same host id and state dir), running or not.
         Blocking; `EngineUnavailable` if the engine does not answer."""
         try:
-            listed = self.engine.client().containers.list(
-                all=True,
-                filters={"label": [f"{LABEL_HOST}={self.host_id}"]},
+            listed = list_containers(
+                self.engine.client(), filters={"label": [f"{LABEL_HOST}={self.host_id}"]}
             )
         except (docker.errors.DockerException, *UNREACHABLE) as e:
             raise self.engine.unavailable(e) from e
@@ -134,8 +134,11 @@ class ContainerRuntime:
 
     def remove(self, container_id: str) -> None:
         """Remove a container (blocking); one already gone is fine."""
-        with contextlib.suppress(docker.errors.NotFound):
+        try:
             self.engine.client().api.remove_container(container_id, force=True)
+        except docker.errors.APIError as e:
+            if not is_gone(e):
+                raise
 
 
 def _env_of(attrs: dict[str, Any]) -> dict[str, str]:
