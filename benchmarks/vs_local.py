@@ -21,7 +21,8 @@ served from the pool.
 One client path for all. Measured, each pair interleaved so background load falls on both:
 
 - a trivial cell's round trip (``x = 1`` to its reply and idle), p50 / p99;
-- kernel start (``POST /api/kernels`` to the first cell's result) and shutdown (``DELETE``);
+- kernel start (``POST /api/kernels`` to the first cell's result), restart (``POST
+  .../restart`` to the next cell's result) and shutdown (``DELETE``);
 - the notebooks of ``benchmarks/notebooks/`` end to end through nbclient: start, cells, shutdown;
 - the memory of an idle kernel: PSS / RSS of its processes (one ipykernel; the replicas).
 
@@ -65,21 +66,31 @@ def progress(message: str) -> None:
 # ---- measurements ------------------------------------------------------------------------------
 
 
-async def start_and_shutdown(endpoint: rt.Endpoint) -> tuple[float, float]:
-    """Seconds from ``POST /api/kernels`` to the first cell's result, and for its ``DELETE``."""
+async def first_result(endpoint: rt.Endpoint, kernel_id: str) -> None:
+    """Open the kernel's channels and run one cell to its result."""
+    kernel = await rt.open_channels(endpoint, kernel_id)
+    try:
+        await rt.run_cell(kernel)
+    finally:
+        kernel.close()
+
+
+async def start_restart_shutdown(endpoint: rt.Endpoint) -> tuple[float, float, float]:
+    """Seconds from ``POST /api/kernels`` to the first cell's result, from ``POST
+    .../restart`` to the next cell's result, and for its ``DELETE``."""
     started = time.perf_counter()
     kernel_id = (await rt.call(endpoint, "POST", "/api/kernels", {"name": rt.KERNEL_NAME}))["id"]
     try:
-        kernel = await rt.open_channels(endpoint, kernel_id)
-        try:
-            await rt.run_cell(kernel)
-            start = time.perf_counter() - started
-        finally:
-            kernel.close()
+        await first_result(endpoint, kernel_id)
+        start = time.perf_counter() - started
+        restarting = time.perf_counter()
+        await rt.call(endpoint, "POST", f"/api/kernels/{kernel_id}/restart", {})
+        await first_result(endpoint, kernel_id)
+        restart = time.perf_counter() - restarting
     finally:
         stopping = time.perf_counter()
         await rt.call(endpoint, "DELETE", f"/api/kernels/{kernel_id}")
-    return start, time.perf_counter() - stopping
+    return start, restart, time.perf_counter() - stopping
 
 
 async def measure_starts(
@@ -89,16 +100,18 @@ async def measure_starts(
     `pool` groups is full again: its refill, in the background after a start took a group,
     then overlaps none of the other sides' starts."""
     starts: dict[str, list[float]] = {SIDES[e.config.key]: [] for e in endpoints}
+    restarts: dict[str, list[float]] = {SIDES[e.config.key]: [] for e in endpoints}
     stops: dict[str, list[float]] = {SIDES[e.config.key]: [] for e in endpoints}
     for i in range(samples):
         for endpoint in rt.rotated(endpoints, i):
             if pooled is not None:
                 await asyncio.to_thread(wait_pool_full, pooled, pool)
-            start, stop = await start_and_shutdown(endpoint)
+            start, restart, stop = await start_restart_shutdown(endpoint)
             starts[SIDES[endpoint.config.key]].append(start)
+            restarts[SIDES[endpoint.config.key]].append(restart)
             stops[SIDES[endpoint.config.key]].append(stop)
-        progress(f"kernel start and shutdown: {i + 1}/{samples} rounds")
-    return {"kernel_start_s": starts, "shutdown_s": stops}
+        progress(f"kernel start, restart and shutdown: {i + 1}/{samples} rounds")
+    return {"kernel_start_s": starts, "restart_s": restarts, "shutdown_s": stops}
 
 
 def gateway_metric(fleet: Fleet, sample: str) -> float:
@@ -206,7 +219,7 @@ def slowest_cells(samples: dict[str, list[dict[str, Any]]], top: int = 3) -> lis
 
 async def benchmark(fleet: Fleet, endpoints: list[rt.Endpoint], args: argparse.Namespace) -> Any:
     load_before = os.getloadavg()[0]
-    progress(f"timing {args.starts} kernel starts and shutdowns per side")
+    progress(f"timing {args.starts} kernel starts, restarts and shutdowns per side")
     pooled = fleet if args.pool > 0 else None
     pool_starts = gateway_metric(fleet, 'kernelfleet_kernel_starts_total{source="pool"}')
     starts = await measure_starts(endpoints, args.starts, pooled, args.pool)
@@ -272,6 +285,7 @@ def summarize(
             "roundtrip_p50": over(roundtrip, "p50"),
             "roundtrip_p99": over(roundtrip, "p99"),
             "kernel_start": over(lifecycle["kernel_start_s"], "median"),
+            "restart": over(lifecycle["restart_s"], "median"),
             "shutdown": over(lifecycle["shutdown_s"], "median"),
             **(
                 {
@@ -309,6 +323,7 @@ def render(report: dict[str, Any]) -> str:
         ratios["roundtrip_p50"])  # fmt: skip
     row("cell round trip p99", rt_[local]["p99"], rt_[fleet]["p99"], "ms", ratios["roundtrip_p99"])
     for name, label in (("kernel_start_s", "kernel start to first result"),
+                        ("restart_s", "kernel restart to first result"),
                         ("shutdown_s", "kernel shutdown")):  # fmt: skip
         figures = report[name]
         k = len(figures[local]["samples"])

@@ -58,7 +58,7 @@ def test_vs_local_quick_writes_every_figure(tmp_path: Path) -> None:
     )
     assert report["parameters"]["pool"] == 1
     assert report["pool"]["starts_served"] == 1, "the pooled side's start was served from the pool"
-    for lifecycle in ("kernel_start_s", "shutdown_s"):
+    for lifecycle in ("kernel_start_s", "restart_s", "shutdown_s"):
         assert report[lifecycle].keys() == {*SIDES, "kernelfleet_cold"}
         assert all(len(side["samples"]) == 1 for side in report[lifecycle].values())
     (name, notebook), *others = report["notebooks"].items()
@@ -69,7 +69,7 @@ def test_vs_local_quick_writes_every_figure(tmp_path: Path) -> None:
     assert memory["local"]["processes"] == 1
     assert memory["kernelfleet"]["processes"] == 3, "one process per replica"
     assert set(report["ratios"]) == {
-        "roundtrip_p50", "roundtrip_p99", "kernel_start", "shutdown", "idle_kernel_pss",
+        "roundtrip_p50", "roundtrip_p99", "kernel_start", "restart", "shutdown", "idle_kernel_pss",
         "kernel_start_cold", "shutdown_cold",
         "notebook_pandas_sales_total", "notebook_pandas_sales_cells",
     }  # fmt: skip
