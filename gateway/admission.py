@@ -35,6 +35,10 @@ ADMISSION_RECHECK = 0.5
 """Seconds between asking the policy again for a kernel waiting to be placed."""
 
 START_HOSTS = "start them with 'kernelfleet host'"
+START_CONTAINER_HOSTS = (
+    "start more with 'kernelfleet host --container-engine URL', or see to the engines of the "
+    "others (GET /api/fleet/hosts shows each host's 'containers')"
+)
 
 
 class NeverFits(InvalidRequest):
@@ -63,7 +67,7 @@ class Admission:
         said = ""
         try:
             while True:
-                snapshot = self._fleet.snapshot()
+                snapshot = self._fleet.snapshot(kernel.launch_name)
                 decision = self._policy.admit(snapshot, request)
                 if isinstance(decision, Placement):
                     if said:
@@ -73,7 +77,7 @@ class Admission:
                 grows = snapshot.gpus_per_host > 0 or snapshot.hosts_pending > 0
                 if not grows and not self._hosts_short(snapshot, request):
                     return self._policy.place(snapshot, request)  # raises NoCapacity: why
-                why = self._waiting_for(snapshot, request, decision)
+                why = self._waiting_for(snapshot, request, decision, kernel.launch_name)
                 if why != said:
                     log.info("kernel %s waits: %s", kernel.id, why)
                     said = why
@@ -109,12 +113,23 @@ class Admission:
         """Whether fewer hosts are alive than the request has replicas: more may register."""
         return len(snapshot.alive_hosts()) < max(request.replicas, 1)
 
-    @staticmethod
     def _waiting_for(
-        snapshot: FleetSnapshot, request: PlacementRequest, decision: AdmitDecision
+        self,
+        snapshot: FleetSnapshot,
+        request: PlacementRequest,
+        decision: AdmitDecision,
+        launch_name: str,
     ) -> str:
         """What the kernel waits for, as a user should read it."""
         alive, wanted = len(snapshot.alive_hosts()), max(request.replicas, 1)
+        if self._fleet.in_containers(launch_name) and alive < wanted:
+            everyone = len(self._fleet.snapshot().alive_hosts())
+            if everyone > alive:
+                return (
+                    f"it runs in containers ({launch_name}) and needs {wanted} host(s) that "
+                    f"reach a container engine; {alive} of the {everyone} live host(s) do: "
+                    f"{START_CONTAINER_HOSTS}"
+                )
         if alive == 0 and snapshot.hosts_pending == 0:
             return f"no host agent is alive yet: {START_HOSTS}"
         if alive < wanted:
@@ -130,19 +145,25 @@ class Admission:
     def place(self, kernel: KernelRecord) -> Placement:
         """Where the policy places the kernel's replicas now (a restart): `NoCapacity` if
         nowhere."""
-        return self._policy.place(self._fleet.snapshot(), self._request(kernel))
+        return self._policy.place(self._fleet.snapshot(kernel.launch_name), self._request(kernel))
 
     def place_replica(self, kernel: KernelRecord, avoiding: set[str]) -> str:
         """The host for one new replica of `kernel`, among those not in `avoiding` (the hosts
         of its other replicas); `NoCapacity` if none will do."""
-        whole = self._fleet.snapshot()
+        whole = self._fleet.snapshot(kernel.launch_name)
         spot = spot_replicas_allowed(kernel.replicas_wanted, self._policy.max_spot_replicas)
         # of the kernel's other places (all but this one), those with no replica count too
         others = kernel.replicas_wanted - 1
         barred = spot_hosts_barred(whole, sorted(avoiding), None, spot, wanted=others)
         request = PlacementRequest(kernel.id, gpus=kernel.gpus, spot_places=0 if barred else 1)
-        snapshot = self._fleet.snapshot_without(avoiding)
-        if not snapshot.alive_hosts() and self._fleet.snapshot().alive_hosts():
+        if not whole.alive_hosts() and self._fleet.in_containers(kernel.launch_name):
+            raise NoCapacity(
+                f"no live host can run a replica of kernel {kernel.id}: it runs in containers "
+                f"({kernel.launch_name}) and no host reaches a container engine; "
+                f"{START_CONTAINER_HOSTS}"
+            )
+        snapshot = self._fleet.snapshot_without(avoiding, kernel.launch_name)
+        if not snapshot.alive_hosts() and whole.alive_hosts():
             raise NoCapacity(
                 f"every live host holds a replica of kernel {kernel.id} already "
                 f"({', '.join(sorted(avoiding))}): a new one waits for another host"

@@ -364,7 +364,8 @@ class GatewayApp(Application):
     def init_services(self) -> None:
         try:
             policy = load_policy(self.policy, self.autoscaling())
-            replicated = {**container_kernelspecs(), **self.replicated_kernelspecs}
+            in_containers = container_kernelspecs()
+            replicated = {**in_containers, **self.replicated_kernelspecs}
             kernelspecs = KernelSpecCatalog(
                 self.default_kernel_name,
                 set(self.allowed_kernelspecs),
@@ -390,6 +391,7 @@ class GatewayApp(Application):
         replication = ReplicationSettings(
             replicas=self.replicas,
             launch_names=replicated,
+            container_launches=frozenset(in_containers),
             store_root=self.object_store_root,
         )
         # the kernel service listens to the registry's reports from here on

@@ -54,7 +54,7 @@ RECHECK_INTERVAL = 2.0
 class KernelOps(Protocol):
     """What the chooser needs from the kernel service."""
 
-    def snapshot(self) -> FleetSnapshot: ...
+    def snapshot(self, kernel: KernelRecord | None = None) -> FleetSnapshot: ...
     async def move_replica(
         self, kernel: KernelRecord, replica: ReplicaRecord, host: str
     ) -> None: ...
@@ -190,7 +190,7 @@ class ExecutorChooser:
             while True:
                 replicas = self._candidates(kernel, cell)
                 decision = self._policy.choose_executor(
-                    self._kernels.snapshot(), self._request(kernel, replicas, gpus)
+                    self._kernels.snapshot(kernel), self._request(kernel, replicas, gpus)
                 )
                 if isinstance(decision, Reject):
                     raise NoCapacity(f"this cell {decision.reason.value} ({decision.detail})")

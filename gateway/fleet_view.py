@@ -4,6 +4,11 @@
 ledger knows (each host's GPUs: subscribed by idle replicas, committed to running cells), the
 demand waiting for capacity (cells waiting for GPUs, kernels waiting for a host), the usage
 window, and, once the autoscaler runs, the hosts on their way and the size of one more.
+
+A kernel that runs in containers (its launched kernelspec is one of `container_launches`) is
+shown only hosts that can run it: in its snapshot, a host whose agent has no container engine,
+or does not reach it, shows as not alive, so no placement, replacement or migration of one of
+its replicas goes there.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Protocol
 
-from kernelfleet.gateway.hosts import HostRegistry
+from kernelfleet.gateway.hosts import HostRecord, HostRegistry
 from kernelfleet.gateway.ledger import GpuLedger
 from kernelfleet.scheduler import FleetSnapshot, HostSnapshot
 from kernelfleet.scheduler.usage import UsageWindow
@@ -43,9 +48,15 @@ class FleetView:
     but the GPUs of kernels waiting to be placed (`admitting`)."""
 
     def __init__(
-        self, hosts: HostRegistry, ledger: GpuLedger, cells: WaitingCells, usage: UsageWindow
+        self,
+        hosts: HostRegistry,
+        ledger: GpuLedger,
+        cells: WaitingCells,
+        usage: UsageWindow,
+        container_launches: frozenset[str] = frozenset(),
     ) -> None:
         self._hosts = hosts
+        self._container_launches = container_launches
         self._ledger = ledger
         self._cells = cells
         self.usage = usage
@@ -59,16 +70,27 @@ class FleetView:
         (the app calls this once, when its autoscaler starts; until then no host is coming)."""
         self._growth = growth
 
-    def snapshot(self) -> FleetSnapshot:
-        """The fleet now. A host that does not take work (draining, stopping, lost) shows as
-        not alive, so nothing new is placed or run there."""
+    def in_containers(self, launch_name: str) -> bool:
+        """Whether kernels launched as `launch_name` run in containers."""
+        return launch_name in self._container_launches
+
+    def snapshot(self, launch_name: str = "") -> FleetSnapshot:
+        """The fleet now, as a kernel launched as `launch_name` may use it ("": any kernel). A
+        host that does not take work (draining, stopping, lost), or cannot run such a kernel
+        (see the module docstring), shows as not alive, so nothing new of it is placed or run
+        there."""
         registered = self._hosts.all()
         in_ledger = set(self._ledger.hosts())
+        containers = self.in_containers(launch_name)
+
+        def usable(host: HostRecord) -> bool:
+            return host.takes_work and (host.runs_containers or not containers)
+
         hosts = [
-            replace(self._ledger.host_snapshot(host.id, host.takes_work), kind=host.kind)
+            replace(self._ledger.host_snapshot(host.id, usable(host)), kind=host.kind)
             if host.id in in_ledger
             else HostSnapshot(
-                id=host.id, gpus_total=len(host.gpus), alive=host.takes_work, kind=host.kind
+                id=host.id, gpus_total=len(host.gpus), alive=usable(host), kind=host.kind
             )
             for host in registered
         ]
@@ -86,10 +108,10 @@ class FleetView:
             gpus_waiting=self._cells.waiting_gpus + sum(self._admitting.values()),
         )
 
-    def snapshot_without(self, host_ids: set[str]) -> FleetSnapshot:
-        """The hosts of `snapshot` but `host_ids` (where a kernel's new replica may go: not
-        beside its others), and nothing else of it."""
-        snapshot = self.snapshot()
+    def snapshot_without(self, host_ids: set[str], launch_name: str = "") -> FleetSnapshot:
+        """The hosts of `snapshot(launch_name)` but `host_ids` (where a kernel's new replica may
+        go: not beside its others), and nothing else of it."""
+        snapshot = self.snapshot(launch_name)
         hosts = tuple(host for host in snapshot.hosts if host.id not in host_ids)
         return FleetSnapshot(hosts=hosts, now=snapshot.now)
 

@@ -71,6 +71,34 @@ HOST_TRANSITIONS: Transitions[HostState] = {
 _HEARTBEATING = frozenset({_H.ALIVE, _H.DRAINING, _H.STOPPING})
 
 
+@dataclass(frozen=True)
+class ContainerSupport:
+    """A host's container engine as its agent reports it (``containers`` in the host model)."""
+
+    engine: str
+    reachable: bool
+    why: str = ""
+    """Why it is not reachable ("" when it is)."""
+
+    @classmethod
+    def parse(cls, value: Any) -> ContainerSupport | None:
+        """The report's ``containers`` member (None or absent: no engine); `InvalidRequest`
+        naming the field when it is malformed."""
+        if value is None:
+            return None
+        if (
+            not isinstance(value, dict)
+            or not isinstance(value.get("engine"), str)
+            or not isinstance(value.get("reachable"), bool)
+            or not isinstance(value.get("why") or "", str)
+        ):
+            raise InvalidRequest(
+                "a host report's 'containers' must be null or {\"engine\": str, "
+                f'"reachable": bool, "why": str or null}}, not {value!r}'
+            )
+        return cls(value["engine"], value["reachable"], value.get("why") or "")
+
+
 @dataclass
 class HostRecord:
     """One registered host agent."""
@@ -99,6 +127,8 @@ class HostRecord:
     link: int | None = None
     """The serial of the link its current agent holds open (`HostRegistry.link_opened`);
     None: no link (not yet, or it broke)."""
+    containers: ContainerSupport | None = None
+    """Its container engine as its agent last reported it; None: it runs no containers."""
     gpu_settings: list[dict[str, Any]] = field(default_factory=list)
     """The devices whose clocks or power limit its agent changed, and for whom (`{"uuid",
     "kernel_id", "binding", "replica_id"}`), as last reported (`kernelfleet.gateway.
@@ -117,6 +147,12 @@ class HostRecord:
     def takes_work(self) -> bool:
         """Whether new replicas and cells may go there (ALIVE only)."""
         return self.state is HostState.ALIVE
+
+    @property
+    def runs_containers(self) -> bool:
+        """Whether a container kernel's replica may go there: its agent has an engine and
+        reaches it."""
+        return self.containers is not None and self.containers.reachable
 
     @property
     def liveness(self) -> str:
@@ -210,6 +246,7 @@ class HostRegistry:
         if not isinstance(gpu_type, str) or not gpu_type or not isinstance(jobs, list):
             raise InvalidRequest("'gpu_type' must be a non-empty string and 'jobs' a list")
         kind = check_kind(body.get("kind", ON_DEMAND), "a host report's 'kind'")
+        containers = ContainerSupport.parse(body.get("containers"))
         workers = body.get("workers", [])
         if not isinstance(workers, list):
             raise InvalidRequest("'workers' must be a list")
@@ -239,6 +276,13 @@ class HostRegistry:
         host.gpus, host.replicas, host.instance, host.last_seen = gpus, replicas, instance, now
         host.isolation, host.gpu_type, host.jobs = isolation, gpu_type, jobs
         host.kind = kind
+        was_reachable = host.runs_containers
+        host.containers = containers
+        if containers is not None and containers.reachable != was_reachable:
+            if containers.reachable:
+                log.info("host %s runs containers (engine %s)", host_id, containers.engine)
+            else:
+                log.warning("host %s cannot run containers: %s", host_id, containers.why)
         host.workers = [worker for worker in workers if isinstance(worker, dict)]
         changed = body.get("gpu_settings", [])
         host.gpu_settings = (

@@ -115,7 +115,10 @@ class KernelService:
         """The background stops of kernels shut down (`shutdown`), until each has ended."""
         self._relinking: dict[str, asyncio.Event] = {}
         """Kernels `restore` listed that `recover` has not re-linked yet: set once it has."""
-        self._fleet = FleetView(hosts, self.ledger, self._chooser, usage or UsageWindow(1))
+        self._fleet = FleetView(
+            hosts, self.ledger, self._chooser, usage or UsageWindow(1),
+            self._replication.container_launches,
+        )  # fmt: skip
         self._admission = Admission(policy, self._fleet, launch_timeout)
         self._linker = KernelLinker(
             self._context, self._chooser, self.metrics, launch_timeout, self.events, self._fence
@@ -188,9 +191,10 @@ class KernelService:
             return None
         return kernel_id
 
-    def snapshot(self) -> FleetSnapshot:
-        """The fleet as policies see it (`FleetView.snapshot`)."""
-        return self._fleet.snapshot()
+    def snapshot(self, kernel: KernelRecord | None = None) -> FleetSnapshot:
+        """The fleet as policies see it (`FleetView.snapshot`), for `kernel` when given (a
+        container kernel sees only hosts that can run it)."""
+        return self._fleet.snapshot(kernel.launch_name if kernel is not None else "")
 
     def sample_usage(self) -> None:
         """Add the current demand and busy GPUs to the usage window (`FleetView`)."""

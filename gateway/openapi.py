@@ -107,6 +107,23 @@ _ISOLATION = closed_object(
 )
 """A host's ``isolation``, as its agent reports it (``GET /api/host`` of the agent)."""
 
+_CONTAINERS = {
+    **closed_object(
+        {
+            "engine": {"type": "string", "description": "The Docker Engine API it uses."},
+            "reachable": {"type": "boolean"},
+            "why": {
+                "type": "string",
+                "nullable": True,
+                "description": "Why it cannot be reached (null when it can).",
+            },
+        }
+    ),
+    "nullable": True,
+    "description": "Its container engine (docs/containers.md); null: it runs no containers. "
+    "Container kernels are placed only on hosts that reach theirs.",
+}
+
 _SCHEMAS: dict[str, Any] = {
     "Error": closed_object(
         {
@@ -240,6 +257,7 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Which user its kernels run as, as its agent last reported; "
                 "null when the agent did not say.",
             },
+            "containers": _CONTAINERS,
         }
     ),
     "GpuFingerprint": _gpu_fingerprint_schema(),
@@ -264,6 +282,7 @@ _SCHEMAS: dict[str, Any] = {
                     "items": {"type": "object"},
                     "description": "The tool workers the agent runs or saw exit.",
                 },
+                "containers": _CONTAINERS,
             },
             optional=(
                 "id",
@@ -275,6 +294,7 @@ _SCHEMAS: dict[str, Any] = {
                 "kind",
                 "jobs",
                 "workers",
+                "containers",
             ),
         ),
         "additionalProperties": True,

@@ -358,6 +358,9 @@ class ReplicationSettings:
 
     replicas: int = 1
     launch_names: dict[str, str] = field(default_factory=dict)
+    container_launches: frozenset[str] = frozenset()
+    """The launched kernelspecs that run in containers: only hosts whose agent reaches a
+    container engine take their replicas (`FleetView`)."""
     store_root: str = ""
     join_timeout: float = 20.0
 

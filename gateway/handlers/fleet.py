@@ -25,7 +25,7 @@ _OWN = KernelAccess.OWN
 
 def host_models(handler: GatewayHandler) -> dict[str, dict[str, Any]]:
     """Every host's admin model by id, GPU counts taken from the same snapshot policies see,
-    and the isolation its agent last reported (null if it never said)."""
+    and the isolation and container engine its agent last reported (null if it never said)."""
     views = {view.id: view for view in handler.kernels.snapshot().hosts}
     return {
         host.id: {
@@ -42,6 +42,13 @@ def host_models(handler: GatewayHandler) -> dict[str, dict[str, Any]]:
                 "devices": device_models(handler, host.id),
             },
             "isolation": host.isolation,
+            "containers": None
+            if host.containers is None
+            else {
+                "engine": host.containers.engine,
+                "reachable": host.containers.reachable,
+                "why": host.containers.why or None,
+            },
         }
         for host in handler.hosts.all()
     }

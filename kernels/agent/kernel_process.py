@@ -33,6 +33,7 @@ from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager
 
+from kernelfleet.errors import HostUnavailable
 from kernelfleet.privileges import kernel_uid, unreachable
 from kernelfleet.protocol import ReplicaEnv
 
@@ -258,8 +259,17 @@ async def process_exit_code(km: AsyncKernelManager) -> int | None:
 
 
 async def _wait_exit(km: AsyncKernelManager, interval: float = 0.05) -> int | None:
+    """The exit code, once the process has exited. A poll that fails (a container engine
+    answering 500 under load) says nothing of the process: polled again; an engine that
+    cannot be reached (`HostUnavailable`) ends the wait."""
     while True:
-        code = await process_exit_code(km)
+        try:
+            code = await process_exit_code(km)
+        except HostUnavailable:
+            raise
+        except Exception as e:
+            _log.debug("polling a starting kernel failed (polled again): %s", e)
+            code = None
         if code is not None:
             return code
         await asyncio.sleep(interval)
@@ -300,6 +310,8 @@ async def wait_ready(
             return
         if port_taken in done:
             raise StartError(f"could not bind its ports ({PORT_TAKEN})")
+        if exited in done and exited.exception() is not None:
+            raise StartError(f"could not be watched while it started: {exited.exception()}")
         code = await process_exit_code(km)
         if code is not None:
             raise StartError(f"exited with code {code} before it was ready")

@@ -70,6 +70,8 @@ INHERITED_BY_CONTAINERS = "KERNELFLEET_"
 """A container inherits only the agent's variables of this prefix (log level, Raft and garbage
 collection settings): the rest (PATH, PYTHONPATH, a virtualenv) describe the host, not the image."""
 SWEEP_INTERVAL = 300.0  # seconds between sweeps of stale replica folders
+ENGINE_RECHECK = 2.0
+"""Seconds between two pings of a container engine that stopped answering."""
 SWEEP_MIN_AGE = 60.0  # a folder this recent may belong to a replica starting now
 
 
@@ -562,24 +564,41 @@ class ReplicaTable:
             await _kill_quietly(replica)  # whatever a cancelled shutdown left running
 
     async def watch(self) -> None:
-        """Check ready replicas every ``poll_interval`` s, marking dead ones, and sweep stale
-        replica folders every `SWEEP_INTERVAL` s, until cancelled."""
+        """Check ready replicas every ``poll_interval`` s, marking dead ones, sweep stale
+        replica folders every `SWEEP_INTERVAL` s, and ping the container engine (if any) once,
+        then every `ENGINE_RECHECK` s while it does not answer, until cancelled."""
         next_sweep = time.monotonic() + SWEEP_INTERVAL
-        while True:
-            await asyncio.sleep(self.poll_interval)
-            if time.monotonic() >= next_sweep:
-                next_sweep = time.monotonic() + SWEEP_INTERVAL
-                try:
-                    await self._sweep_later()
-                except Exception:
-                    log.exception("sweeping stale replica folders failed")
-            for replica in list(self._replicas.values()):
-                if replica.state is not ReplicaState.READY or replica.lock.locked():
-                    continue
-                try:
-                    await self._check_alive(replica)
-                except Exception:
-                    log.exception("replica %s: liveness check failed", replica.id)
+        next_engine_check = 0.0
+        engine_check: asyncio.Task[None] | None = None
+        engine_checked = self.containers is None
+        try:
+            while True:
+                await asyncio.sleep(self.poll_interval)
+                if (
+                    (self.engine_problem is not None or not engine_checked)
+                    and (engine_check is None or engine_check.done())
+                    and time.monotonic() >= next_engine_check
+                ):
+                    # a task of its own: an engine that hangs must not hold up the checks below
+                    next_engine_check = time.monotonic() + ENGINE_RECHECK
+                    engine_check = asyncio.ensure_future(self._check_engine())
+                    engine_checked = True
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + SWEEP_INTERVAL
+                    try:
+                        await self._sweep_later()
+                    except Exception:
+                        log.exception("sweeping stale replica folders failed")
+                for replica in list(self._replicas.values()):
+                    if replica.state is not ReplicaState.READY or replica.lock.locked():
+                        continue
+                    try:
+                        await self._check_alive(replica)
+                    except Exception:
+                        log.exception("replica %s: liveness check failed", replica.id)
+        finally:
+            if engine_check is not None:
+                engine_check.cancel()
 
     async def _check_alive(self, replica: Replica) -> None:
         try:
@@ -618,6 +637,21 @@ class ReplicaTable:
         assert replica.container is not None
         replica.container.exit_reason = f"{why}: the agent can no longer watch its container"
         self._set_state(replica, ReplicaState.DEAD)
+
+    async def _check_engine(self) -> None:
+        """Ping the engine: once at start, so the host model says at once whether it answers,
+        then while it does not, since the gateway places no container replica here meanwhile
+        and no container start would find out that it is back."""
+        assert self.containers is not None
+        try:
+            await asyncio.to_thread(self.containers.engine.ping)
+        except EngineUnavailable as e:
+            if self.engine_problem is None:
+                log.error("%s: no container replica can start here", e.message)
+                self.engine_problem = e.message
+                self._changed()
+            return
+        self._engine_back()
 
     def _engine_back(self) -> None:
         if self.engine_problem is not None:

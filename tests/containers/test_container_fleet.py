@@ -164,3 +164,55 @@ async def test_a_container_given_up_while_its_agent_was_away_is_stopped(
         await wait_until_removed(engine, kernel_id, "the stray container to be stopped and removed")
     finally:
         shutil.rmtree(store, ignore_errors=True)
+
+
+async def test_container_kernels_go_only_to_hosts_that_reach_an_engine(
+    private_fleet: Callable[..., Fleet],
+    engine_url: str,
+    engine: Engine,
+    container_kernelspecs: dict[str, str],
+) -> None:
+    """A mixed fleet: host-1 runs processes only, host-2 has a working engine, host-3's engine
+    socket does not exist. Every container kernel lands on host-2; a process kernel anywhere."""
+    store = kernel_reachable_folder()
+    try:
+        fleet = private_fleet(
+            hosts=1,
+            replicas=1,
+            env=container_kernelspecs,
+            gateway_args=(f"--GatewayApp.object_store_root={store}",),
+        )
+        fleet.start_host("host-2", 2, "--container-engine", engine_url,
+                         "--container-mount", str(store))  # fmt: skip
+        fleet.start_host("host-3", 2, "--container-engine", f"unix://{store}/no-engine.sock")
+
+        def containers() -> dict[str, Any]:
+            return {h["id"]: h["containers"] for h in fleet.api("GET", "/api/fleet/hosts")}
+
+        await wait_until(
+            lambda: (containers()["host-3"] or {}).get("reachable") is False,
+            30,
+            "host-3 to report that its engine does not answer",
+        )
+        seen = containers()
+        assert seen["host-1"] is None
+        assert seen["host-2"] == {"engine": engine_url, "reachable": True, "why": None}
+        assert "no-engine.sock" in seen["host-3"]["why"]
+
+        kernel_ids = [fleet.start_kernel("kf-c") for _ in range(3)]
+        for kernel_id in kernel_ids:
+            replicas = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+            assert [r["host"] for r in replicas] == ["host-2"], replicas
+        assert len(list_containers(engine.client(), {"label": [f"{LABEL_KERNEL}"]})) >= 3
+        plain = fleet.start_kernel("python3")
+        ws = await fleet.connect(plain)
+        try:
+            assert (await ws.execute("print(6 * 7)")).stdout == "42\n"
+        finally:
+            ws.close()
+        for kernel_id in kernel_ids:
+            fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+        for kernel_id in kernel_ids:
+            await wait_until_removed(engine, kernel_id, "the kernel's container to be removed")
+    finally:
+        shutil.rmtree(store, ignore_errors=True)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
+
+from kernelfleet.errors import InvalidRequest
 from kernelfleet.gateway.fleet_view import FleetView
 from kernelfleet.gateway.hosts import HostRegistry, HostState
 from kernelfleet.gateway.ledger import GpuLedger
@@ -85,3 +88,37 @@ def test_usage_samples_demand_and_busy_gpus_from_the_ledger() -> None:
     view.sample_usage()
     snapshot = view.snapshot()
     assert (snapshot.demand_gpus, snapshot.busy_gpus) == (2, 1)
+
+
+def test_a_container_kernel_sees_only_hosts_that_reach_a_container_engine() -> None:
+    hosts = HostRegistry("token-123456", heartbeat_timeout=5.0)
+    engine = {"engine": "unix:///run/podman.sock", "reachable": True, "why": None}
+    gone = {"engine": "unix:///gone.sock", "reachable": False, "why": "no such socket"}
+    hosts.report("plain", report(2), now=0.0)
+    hosts.report("engine", {**report(2), "containers": engine}, now=0.0)
+    hosts.report("engine-gone", {**report(2), "containers": gone}, now=0.0)
+    ledger = GpuLedger()
+    ledger.set_host("engine", ["0", "1"])  # in the ledger or not, the same rule
+    view = FleetView(hosts, ledger, Cells(), UsageWindow(1), frozenset({"kf-pytorch"}))
+
+    def alive(snapshot) -> list[str]:
+        return sorted(host.id for host in snapshot.alive_hosts())
+
+    assert alive(view.snapshot("kf-pytorch")) == ["engine"]
+    assert alive(view.snapshot("python3")) == ["engine", "engine-gone", "plain"]
+    assert alive(view.snapshot()) == ["engine", "engine-gone", "plain"]
+    assert alive(view.snapshot_without({"plain"}, "kf-pytorch")) == ["engine"]
+    assert (view.in_containers("kf-pytorch"), view.in_containers("python3")) == (True, False)
+
+    hosts.report("engine-gone", {**report(2), "containers": engine}, now=1.0)  # it is back
+    assert alive(view.snapshot("kf-pytorch")) == ["engine", "engine-gone"]
+    assert hosts.get("plain").containers is None
+    hosts.close()
+
+
+def test_a_malformed_containers_member_is_refused_naming_it() -> None:
+    hosts = HostRegistry("token-123456", heartbeat_timeout=5.0)
+    for bad in ({"engine": "unix:///x"}, {"engine": 1, "reachable": True}, "yes", []):
+        with pytest.raises(InvalidRequest, match="'containers' must be null or"):
+            hosts.report("h1", {**report(2), "containers": bad}, now=0.0)
+    hosts.close()

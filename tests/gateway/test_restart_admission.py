@@ -76,8 +76,11 @@ class FixedFleet:
         self.now = FleetSnapshot(hosts=hosts, gpus_per_host=gpus_per_host)
         self.waiting: dict[str, int] = {}
 
-    def snapshot(self) -> FleetSnapshot:
+    def snapshot(self, launch_name: str = "") -> FleetSnapshot:
         return self.now
+
+    def in_containers(self, launch_name: str) -> bool:
+        return False
 
     def admitting(self, kernel_id: str, gpus: int) -> None:
         self.waiting[kernel_id] = gpus
