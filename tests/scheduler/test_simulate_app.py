@@ -14,25 +14,14 @@ from kernelfleet.scheduler.simulator.app import SimulateApp
 from kernelfleet.scheduler.simulator.config import SimulationConfig
 from kernelfleet.scheduler.simulator.report import resolve_policy
 
-from .conftest import FLOOR_FIELDS, HOST_KIND_FIELDS, POLICY_FIELDS
-
-HEADER = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
+from .json_fields import DOCUMENTED_FIELDS
+from .traces import write_trace
 
 
 def run_app(*argv: str) -> None:
     app = SimulateApp()
     app.initialize(argv=list(argv))
     app.start()
-
-
-@pytest.fixture
-def small_trace(tmp_path: Path) -> Path:
-    path = tmp_path / "small.csv"
-    path.write_text(
-        HEADER + "0,1,0,0,a,10,0\n1,1,20,0,a,5,0\n2,4,3,0,b,30,0\n3,8,10,0,c,60,0\n",
-        encoding="utf-8",
-    )
-    return path
 
 
 def test_simulate_writes_exactly_the_documented_json(
@@ -69,7 +58,7 @@ def test_simulate_writes_exactly_the_documented_json(
         )
         assert assumed["autoscaling"]["min_hosts"] == 4
     for result in document["policies"].values():
-        assert set(result) == POLICY_FIELDS | FLOOR_FIELDS | HOST_KIND_FIELDS
+        assert set(result) == set(DOCUMENTED_FIELDS)
         assert set(result["start_delay_s"]) == {"p50", "p95", "p99"}
         assert result["events"] == 4
     printed = capsys.readouterr().out
@@ -99,8 +88,7 @@ def test_model_parameters_are_configurable(small_trace: Path, tmp_path: Path) ->
 def test_bad_input_exits_2_with_a_clear_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bad = tmp_path / "bad.csv"
-    bad.write_text(HEADER + "0,1,0,0,a,-3,0\n", encoding="utf-8")
+    bad = write_trace(tmp_path / "bad.csv", "0,1,0,0,a,-3,0\n")
     with pytest.raises(SystemExit) as exited:
         run_app("--trace", str(bad))
     assert exited.value.code == 2
@@ -116,8 +104,7 @@ def test_bad_input_exits_2_with_a_clear_message(
 def test_events_larger_than_any_host_are_counted_and_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    big = tmp_path / "big.csv"
-    big.write_text(HEADER + "0,1,0,0,a,10,0\n1,16,0,0,a,10,0\n", encoding="utf-8")
+    big = write_trace(tmp_path / "big.csv", "0,1,0,0,a,10,0\n1,16,0,0,a,10,0\n")
     run_app("--trace", str(big), "--policy", "notebookos", "--SimulateApp.progress=False")
     printed = capsys.readouterr().out
     assert "notebookos: 1 event(s) rejected, not simulated; first: line 3: needs more GPUs" in (
@@ -198,12 +185,11 @@ def test_a_trained_demand_model_warms_hosts_before_the_daily_burst(
     pytest.importorskip("sklearn")
     from kernelfleet.scheduler.demand_app import DemandTrainApp
 
-    bursts = tmp_path / "bursts.csv"
     rows = [
         f"{i},8,{day * 1440 + 540},0,m,180,0"
         for i, day in enumerate(d for d in range(9) for _ in range(8))
     ]
-    bursts.write_text(HEADER + "\n".join(rows) + "\n", encoding="utf-8")
+    bursts = write_trace(tmp_path / "bursts.csv", "\n".join(rows) + "\n")
     model = tmp_path / "model.json"
     train = DemandTrainApp()
     train.initialize(["--trace", str(bursts), "--out", str(model), "--DemandTrainApp.trees=10"])
