@@ -6,6 +6,7 @@ import importlib.util
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,25 +25,22 @@ def run_app(*argv: str) -> None:
     app.start()
 
 
+def simulate_json(trace: Path, out: Path, *argv: str) -> dict[str, Any]:
+    """`run_app` on `trace` with `argv`, writing its JSON document to `out`; the document."""
+    run_app("--trace", str(trace), "--json", str(out), *argv)
+    document: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return document
+
+
 def test_simulate_writes_exactly_the_documented_json(
     small_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "out.json"
-    run_app(
-        "--trace",
-        str(small_trace),
-        "--policy",
-        "notebookos",
-        "--policy",
-        "reservation",
-        "--hosts",
-        "4",
-        "--gpus-per-host",
-        "8",
-        "--json",
-        str(out),
+    document = simulate_json(
+        small_trace,
+        tmp_path / "out.json",
+        *("--policy", "notebookos", "--policy", "reservation"),
+        *("--hosts", "4", "--gpus-per-host", "8"),
     )
-    document = json.loads(out.read_text(encoding="utf-8"))
     assert set(document) == {"assumptions", "policies"}
     assert document["assumptions"]["hosts"] == 4
     assert document["assumptions"]["session_linger_s"] == 1800.0
@@ -69,18 +67,13 @@ def test_simulate_writes_exactly_the_documented_json(
 
 
 def test_model_parameters_are_configurable(small_trace: Path, tmp_path: Path) -> None:
-    out = tmp_path / "out.json"
-    run_app(
-        "--trace",
-        str(small_trace),
-        "--policy",
-        "fcfs-batch",
-        "--json",
-        str(out),
+    document = simulate_json(
+        small_trace,
+        tmp_path / "out.json",
+        *("--policy", "fcfs-batch"),
         "--SimulateApp.state_load_s=100",
         "--SimulateApp.container_start_s=0",
     )
-    document = json.loads(out.read_text(encoding="utf-8"))
     assert document["assumptions"]["state_load_s"] == 100.0
     assert document["policies"]["fcfs-batch"]["start_delay_s"]["p50"] == 100.0
 
@@ -132,11 +125,10 @@ def test_resolve_policy_knows_the_builtins() -> None:
 
 @pytest.mark.slow
 def test_june_trace_three_policies_in_a_minute(june_trace: Path, tmp_path: Path) -> None:
-    out = tmp_path / "june.json"
     started = time.monotonic()
-    run_app("--trace", str(june_trace), "--json", str(out), "--SimulateApp.progress=False")
+    document = simulate_json(june_trace, tmp_path / "june.json", "--SimulateApp.progress=False")
     assert time.monotonic() - started < 60
-    policies = json.loads(out.read_text(encoding="utf-8"))["policies"]
+    policies = document["policies"]
     for result in policies.values():
         assert result["events"] == 30_909
     reservation, notebookos = policies["reservation"], policies["notebookos"]
@@ -148,14 +140,10 @@ def test_june_trace_three_policies_in_a_minute(june_trace: Path, tmp_path: Path)
 def test_the_floor_share_and_steady_knobs_reach_the_output(
     small_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "out.json"
-    run_app(
-        "--trace",
-        str(small_trace),
-        "--policy",
-        "notebookos",
-        "--json",
-        str(out),
+    document = simulate_json(
+        small_trace,
+        tmp_path / "out.json",
+        *("--policy", "notebookos"),
         "--SimulateApp.scale_in_idle_s=600",
         "--SimulateApp.warm_quantile=0.9",
         "--SimulateApp.progress=False",
@@ -166,7 +154,6 @@ def test_the_floor_share_and_steady_knobs_reach_the_output(
     assert "saving %" in printed
     assert "a host released after 600 s idle" in printed
     assert "within 90 s at the 0.9 quantile" in printed  # lead: 60 s scale-out + 30 s round
-    document = json.loads(out.read_text(encoding="utf-8"))
     assert set(document) == {"assumptions", "policies"}
     result = document["policies"]["notebookos"]
     assert result["gpu_hours_floor"] == pytest.approx((10 + 5 + 4 * 30 + 8 * 60) / 60, abs=1e-3)
