@@ -33,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kernelfleet.errors import InvalidRequest
 from kernelfleet.scheduler.policy import Policy
 from kernelfleet.scheduler.simulator import SimulationConfig, simulate
 from kernelfleet.scheduler.simulator.metrics import PolicyResult
@@ -180,10 +181,15 @@ def main(argv: list[str] | None = None) -> None:
         "--no-plot", action="store_true", help="write no plot (matplotlib is not needed)"
     )
     args = parser.parse_args(argv)
-    if not args.no_plot:
-        require_matplotlib()  # before the runs, not after them
-
-    trace = read_trace(args.trace)
+    try:  # before the runs, not after them
+        if not args.no_plot:
+            require_matplotlib()
+    except InvalidRequest as error:
+        parser.error(f"{error}; --no-plot writes the JSON and tables without it")
+    try:
+        trace = read_trace(args.trace)
+    except InvalidRequest as error:
+        parser.error(str(error))  # exits 2, the message on stderr
     config = SimulationConfig()
     policies, results = run(trace, POLICIES, config)
     no_buffer = replace(config, autoscale_buffer_hosts=0)

@@ -13,8 +13,6 @@ from typing import Any
 
 import pytest
 
-from kernelfleet.errors import InvalidRequest
-
 from .conftest import REPO
 from .json_fields import DOCUMENTED_FIELDS
 
@@ -158,11 +156,23 @@ def test_a_table_row_holds_every_column_the_issue_names() -> None:
 
 
 def test_without_matplotlib_it_says_so_before_simulating(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     if importlib.util.find_spec("matplotlib") is not None:
         pytest.skip("matplotlib is installed: the plot is written (tested by the simulator's)")
     missing = tmp_path / "no-such-trace.csv"  # never read: the check comes first
-    with pytest.raises(InvalidRequest, match=r"pip install matplotlib"):
+    with pytest.raises(SystemExit) as exited:
         trace_results.main(["--trace", str(missing), "--json", str(tmp_path / "j.json")])
+    assert exited.value.code == 2
+    assert 'pip install matplotlib (or "kernelfleet[plot]")' in capsys.readouterr().err
     assert not (tmp_path / "j.json").exists()
+
+
+def test_a_trace_it_cannot_read_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "no-such-trace.csv"
+    with pytest.raises(SystemExit) as exited:
+        trace_results.main(["--trace", str(missing), "--no-plot"])
+    assert exited.value.code == 2
+    assert str(missing) in capsys.readouterr().err
