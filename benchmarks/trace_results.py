@@ -19,7 +19,7 @@ options (so each JSON is that command's document):
 3. the four policies on a mixed fleet (``--SimulateApp.spot_share=0.33``), and its table with
    each policy's dollars against its on-demand-only run.
 
-The tables are Markdown, ready for the README; tests/test_trace_results.py checks that the
+The tables are Markdown, ready for the README; tests/scheduler/test_trace_results.py checks that
 README's tables are these, rebuilt from the JSON files in results/.
 """
 
