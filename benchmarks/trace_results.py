@@ -19,8 +19,8 @@ options (so each JSON is that command's document):
 3. the four policies on a mixed fleet (``--SimulateApp.spot_share=0.33``), and its table with
    each policy's dollars against its on-demand-only run.
 
-The tables are Markdown, ready for the README; tests/scheduler/test_trace_results.py checks that
-README's tables are these, rebuilt from the JSON files in results/.
+The tables are Markdown, ready for the README; tests/scheduler/test_trace_results.py checks
+that the README's tables are these, rebuilt from the JSON files in results/.
 """
 
 from __future__ import annotations
