@@ -181,15 +181,16 @@ def main(argv: list[str] | None = None) -> None:
         "--no-plot", action="store_true", help="write no plot (matplotlib is not needed)"
     )
     args = parser.parse_args(argv)
-    try:  # before the runs, not after them
-        if not args.no_plot:
+    # what would stop the run is said before it, not after; parser.error exits 2
+    if not args.no_plot:
+        try:
             require_matplotlib()
-    except InvalidRequest as error:
-        parser.error(f"{error}; --no-plot writes the JSON and tables without it")
+        except InvalidRequest as error:
+            parser.error(f"{error}; --no-plot writes the JSON and tables without it")
     try:
         trace = read_trace(args.trace)
     except InvalidRequest as error:
-        parser.error(str(error))  # exits 2, the message on stderr
+        parser.error(str(error))
     config = SimulationConfig()
     policies, results = run(trace, POLICIES, config)
     no_buffer = replace(config, autoscale_buffer_hosts=0)
