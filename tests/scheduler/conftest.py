@@ -1,4 +1,5 @@
-"""Fixtures for the scheduler tests: the June trace, found next to the checkout."""
+"""Fixtures for the scheduler tests: a small trace file, and the June trace found next to the
+checkout."""
 
 from __future__ import annotations
 
@@ -6,39 +7,19 @@ from pathlib import Path
 
 import pytest
 
+from .traces import write_trace
+
 REPO = Path(__file__).resolve().parents[2]
 JUNE_TRACE = REPO.parent / "shared" / "traces" / "sensei_june_60sec.csv"
-POLICY_FIELDS = frozenset(
-    {
-        "gpu_hours_provisioned",
-        "gpu_hours_committed",
-        "start_delay_s",
-        "migrations",
-        "scale_outs",
-        "scale_ins",
-        "events",
-    }
-)
-"""The fields of one policy's result in the simulator's JSON before the floor was added: tools
-outside the project read them, so their names and meanings never change."""
-FLOOR_FIELDS = frozenset(
-    {"gpu_hours_busy", "gpu_hours_floor", "gpu_hours_reservation", "saving_share"}
-)
-"""The fields added with the GPU-hour floor (docs/economics.md)."""
-HOST_KIND_FIELDS = frozenset(
-    {
-        "dollars",
-        "dollars_on_demand",
-        "gpu_hours_spot",
-        "revocations",
-        "replacements",
-        "replacements_failed",
-        "kernels_lost",
-        "cells_interrupted",
-        "gpu_hours_redone",
-    }
-)
-"""The fields added with host kinds (docs/economics.md, "Transient hosts")."""
+
+
+@pytest.fixture
+def small_trace(tmp_path: Path) -> Path:
+    """4 events in 3 sessions of 1, 4 and 8 GPUs, the longest an hour."""
+    return write_trace(
+        tmp_path / "small.csv",
+        "0,1,0,0,a,10,0\n1,1,20,0,a,5,0\n2,4,3,0,b,30,0\n3,8,10,0,c,60,0\n",
+    )
 
 
 @pytest.fixture

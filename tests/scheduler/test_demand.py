@@ -24,7 +24,7 @@ from kernelfleet.scheduler.demand_train import export_trees, fit_forest, train
 from kernelfleet.scheduler.snapshot import FleetSnapshot, HostSnapshot
 from kernelfleet.scheduler.trace import Trace, TraceError
 
-from .test_simulator import trace
+from .traces import trace
 
 pytest.importorskip("sklearn")
 

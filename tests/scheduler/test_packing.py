@@ -21,7 +21,8 @@ from kernelfleet.scheduler.autoscale import AutoscaleConfig
 from kernelfleet.scheduler.packing import PackingPolicy, best_fit_target
 from kernelfleet.scheduler.policies import NotebookOSPolicy
 from kernelfleet.scheduler.simulator import SimulationConfig, simulate
-from kernelfleet.scheduler.trace import Trace, TraceEvent, recover_sessions
+
+from .traces import trace
 
 
 def host(name: str, com: int = 0, rep: int = 0, total: int = 8) -> HostSnapshot:
@@ -81,14 +82,6 @@ def test_the_autoscaler_is_notebookos_with_the_config_given(buffer_hosts, releas
 
 def test_registered_as_an_entry_point() -> None:
     assert isinstance(load_policy("packing"), PackingPolicy)
-
-
-def trace(*events: tuple[int, float, float]) -> Trace:
-    parsed = tuple(
-        TraceEvent(line=i + 2, job_id=str(i), gpus=g, submit_min=s, duration_min=d)
-        for i, (g, s, d) in enumerate(events)
-    )
-    return Trace("literal", parsed, recover_sessions(parsed))
 
 
 def test_packing_leaves_a_whole_host_for_an_8_gpu_cell() -> None:

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,9 +15,8 @@ from kernelfleet.scheduler.simulator.app import SimulateApp
 from kernelfleet.scheduler.simulator.config import SimulationConfig
 from kernelfleet.scheduler.simulator.report import resolve_policy
 
-from .conftest import FLOOR_FIELDS, HOST_KIND_FIELDS, POLICY_FIELDS
-
-HEADER = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
+from .json_fields import DOCUMENTED_FIELDS
+from .traces import write_trace
 
 
 def run_app(*argv: str) -> None:
@@ -25,35 +25,22 @@ def run_app(*argv: str) -> None:
     app.start()
 
 
-@pytest.fixture
-def small_trace(tmp_path: Path) -> Path:
-    path = tmp_path / "small.csv"
-    path.write_text(
-        HEADER + "0,1,0,0,a,10,0\n1,1,20,0,a,5,0\n2,4,3,0,b,30,0\n3,8,10,0,c,60,0\n",
-        encoding="utf-8",
-    )
-    return path
+def simulate_json(trace: Path, out: Path, *argv: str) -> dict[str, Any]:
+    """`run_app` on `trace` with `argv`, writing its JSON document to `out`; the document."""
+    run_app("--trace", str(trace), "--json", str(out), *argv)
+    document: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return document
 
 
 def test_simulate_writes_exactly_the_documented_json(
     small_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "out.json"
-    run_app(
-        "--trace",
-        str(small_trace),
-        "--policy",
-        "notebookos",
-        "--policy",
-        "reservation",
-        "--hosts",
-        "4",
-        "--gpus-per-host",
-        "8",
-        "--json",
-        str(out),
+    document = simulate_json(
+        small_trace,
+        tmp_path / "out.json",
+        *("--policy", "notebookos", "--policy", "reservation"),
+        *("--hosts", "4", "--gpus-per-host", "8"),
     )
-    document = json.loads(out.read_text(encoding="utf-8"))
     assert set(document) == {"assumptions", "policies"}
     assert document["assumptions"]["hosts"] == 4
     assert document["assumptions"]["session_linger_s"] == 1800.0
@@ -69,7 +56,7 @@ def test_simulate_writes_exactly_the_documented_json(
         )
         assert assumed["autoscaling"]["min_hosts"] == 4
     for result in document["policies"].values():
-        assert set(result) == POLICY_FIELDS | FLOOR_FIELDS | HOST_KIND_FIELDS
+        assert set(result) == set(DOCUMENTED_FIELDS)
         assert set(result["start_delay_s"]) == {"p50", "p95", "p99"}
         assert result["events"] == 4
     printed = capsys.readouterr().out
@@ -80,18 +67,13 @@ def test_simulate_writes_exactly_the_documented_json(
 
 
 def test_model_parameters_are_configurable(small_trace: Path, tmp_path: Path) -> None:
-    out = tmp_path / "out.json"
-    run_app(
-        "--trace",
-        str(small_trace),
-        "--policy",
-        "fcfs-batch",
-        "--json",
-        str(out),
+    document = simulate_json(
+        small_trace,
+        tmp_path / "out.json",
+        *("--policy", "fcfs-batch"),
         "--SimulateApp.state_load_s=100",
         "--SimulateApp.container_start_s=0",
     )
-    document = json.loads(out.read_text(encoding="utf-8"))
     assert document["assumptions"]["state_load_s"] == 100.0
     assert document["policies"]["fcfs-batch"]["start_delay_s"]["p50"] == 100.0
 
@@ -99,8 +81,7 @@ def test_model_parameters_are_configurable(small_trace: Path, tmp_path: Path) ->
 def test_bad_input_exits_2_with_a_clear_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bad = tmp_path / "bad.csv"
-    bad.write_text(HEADER + "0,1,0,0,a,-3,0\n", encoding="utf-8")
+    bad = write_trace(tmp_path / "bad.csv", "0,1,0,0,a,-3,0\n")
     with pytest.raises(SystemExit) as exited:
         run_app("--trace", str(bad))
     assert exited.value.code == 2
@@ -116,8 +97,7 @@ def test_bad_input_exits_2_with_a_clear_message(
 def test_events_larger_than_any_host_are_counted_and_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    big = tmp_path / "big.csv"
-    big.write_text(HEADER + "0,1,0,0,a,10,0\n1,16,0,0,a,10,0\n", encoding="utf-8")
+    big = write_trace(tmp_path / "big.csv", "0,1,0,0,a,10,0\n1,16,0,0,a,10,0\n")
     run_app("--trace", str(big), "--policy", "notebookos", "--SimulateApp.progress=False")
     printed = capsys.readouterr().out
     assert "notebookos: 1 event(s) rejected, not simulated; first: line 3: needs more GPUs" in (
@@ -145,11 +125,10 @@ def test_resolve_policy_knows_the_builtins() -> None:
 
 @pytest.mark.slow
 def test_june_trace_three_policies_in_a_minute(june_trace: Path, tmp_path: Path) -> None:
-    out = tmp_path / "june.json"
     started = time.monotonic()
-    run_app("--trace", str(june_trace), "--json", str(out), "--SimulateApp.progress=False")
+    document = simulate_json(june_trace, tmp_path / "june.json", "--SimulateApp.progress=False")
     assert time.monotonic() - started < 60
-    policies = json.loads(out.read_text(encoding="utf-8"))["policies"]
+    policies = document["policies"]
     for result in policies.values():
         assert result["events"] == 30_909
     reservation, notebookos = policies["reservation"], policies["notebookos"]
@@ -161,14 +140,10 @@ def test_june_trace_three_policies_in_a_minute(june_trace: Path, tmp_path: Path)
 def test_the_floor_share_and_steady_knobs_reach_the_output(
     small_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "out.json"
-    run_app(
-        "--trace",
-        str(small_trace),
-        "--policy",
-        "notebookos",
-        "--json",
-        str(out),
+    document = simulate_json(
+        small_trace,
+        tmp_path / "out.json",
+        *("--policy", "notebookos"),
         "--SimulateApp.scale_in_idle_s=600",
         "--SimulateApp.warm_quantile=0.9",
         "--SimulateApp.progress=False",
@@ -179,7 +154,6 @@ def test_the_floor_share_and_steady_knobs_reach_the_output(
     assert "saving %" in printed
     assert "a host released after 600 s idle" in printed
     assert "within 90 s at the 0.9 quantile" in printed  # lead: 60 s scale-out + 30 s round
-    document = json.loads(out.read_text(encoding="utf-8"))
     assert set(document) == {"assumptions", "policies"}
     result = document["policies"]["notebookos"]
     assert result["gpu_hours_floor"] == pytest.approx((10 + 5 + 4 * 30 + 8 * 60) / 60, abs=1e-3)
@@ -198,12 +172,11 @@ def test_a_trained_demand_model_warms_hosts_before_the_daily_burst(
     pytest.importorskip("sklearn")
     from kernelfleet.scheduler.demand_app import DemandTrainApp
 
-    bursts = tmp_path / "bursts.csv"
     rows = [
         f"{i},8,{day * 1440 + 540},0,m,180,0"
         for i, day in enumerate(d for d in range(9) for _ in range(8))
     ]
-    bursts.write_text(HEADER + "\n".join(rows) + "\n", encoding="utf-8")
+    bursts = write_trace(tmp_path / "bursts.csv", "\n".join(rows) + "\n")
     model = tmp_path / "model.json"
     train = DemandTrainApp()
     train.initialize(["--trace", str(bursts), "--out", str(model), "--DemandTrainApp.trees=10"])

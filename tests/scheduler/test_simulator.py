@@ -10,19 +10,9 @@ from kernelfleet.scheduler.decisions import AdmitDecision
 from kernelfleet.scheduler.policies import FcfsBatchPolicy, NotebookOSPolicy, ReservationPolicy
 from kernelfleet.scheduler.simulator import SimulationConfig, simulate
 from kernelfleet.scheduler.simulator.metrics import percentile
-from kernelfleet.scheduler.trace import Trace, TraceEvent, recover_sessions
 
-from .conftest import FLOOR_FIELDS, HOST_KIND_FIELDS, POLICY_FIELDS
-
-
-def trace(*events: tuple[int, float, float]) -> Trace:
-    """Events as (gpus, submit minute, duration minutes), in file order."""
-    parsed = tuple(
-        TraceEvent(line=i + 2, job_id=str(i), gpus=g, submit_min=s, duration_min=d)
-        for i, (g, s, d) in enumerate(events)
-    )
-    return Trace("literal", parsed, recover_sessions(parsed))
-
+from .json_fields import DOCUMENTED_FIELDS
+from .traces import trace
 
 # no kernel lead time, no linger, a fixed fleet: 3 hosts x 8 GPUs, never scaled
 FIXED = SimulationConfig(hosts=3, max_hosts=3, session_lead_s=0, session_linger_s=0)
@@ -156,7 +146,7 @@ def test_cells_larger_than_a_host_are_counted_as_rejected() -> None:
 
 def test_json_has_exactly_the_documented_fields() -> None:
     result = simulate(ONE_SESSION, [NotebookOSPolicy()], FIXED)["notebookos"]
-    assert set(result.as_json()) == POLICY_FIELDS | FLOOR_FIELDS | HOST_KIND_FIELDS
+    assert set(result.as_json()) == set(DOCUMENTED_FIELDS)
     assert set(result.as_json()["start_delay_s"]) == {"p50", "p95", "p99"}
 
 

@@ -8,13 +8,11 @@ import pytest
 
 from kernelfleet.scheduler.trace import TraceError, read_trace
 
-HEADER = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
+from .traces import HEADER, write_trace
 
 
 def write(tmp_path: Path, body: str, header: str = HEADER) -> Path:
-    path = tmp_path / "trace.csv"
-    path.write_text(header + body, encoding="utf-8")
-    return path
+    return write_trace(tmp_path / "trace.csv", body, header)
 
 
 def test_sessions_split_on_overlap_and_gpu_change(tmp_path: Path) -> None:
