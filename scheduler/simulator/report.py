@@ -7,6 +7,7 @@ from typing import Any
 
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.scheduler.autoscale import AutoscaleConfig
+from kernelfleet.scheduler.packing import PackingPolicy
 from kernelfleet.scheduler.policies import BUILTIN_POLICIES, AutoscalingPolicy
 from kernelfleet.scheduler.policy import ENTRY_POINT_GROUP, Policy
 from kernelfleet.scheduler.simulator.config import (
@@ -15,12 +16,22 @@ from kernelfleet.scheduler.simulator.config import (
     policy_assumptions,
 )
 from kernelfleet.scheduler.simulator.metrics import PolicyResult
+from kernelfleet.scheduler.wholehosts import WholeHostsPolicy
+
+SHIPPED_POLICIES: dict[str, type[Policy]] = {
+    **BUILTIN_POLICIES,
+    PackingPolicy.name: PackingPolicy,
+    WholeHostsPolicy.name: WholeHostsPolicy,
+}
+"""The policies of this package by name, found even where the installed entry points are
+older than the code (a checkout not reinstalled since a policy was added)."""
 
 
 def resolve_policy(name: str, autoscaling: AutoscaleConfig) -> Policy:
-    """The policy registered as `name` (entry points first, then the built-ins), given the
-    simulation's autoscaler parameters when it takes them; `InvalidRequest` lists the names."""
-    classes: dict[str, Any] = dict(BUILTIN_POLICIES)
+    """The policy registered as `name` (entry points first, then this package's own,
+    `SHIPPED_POLICIES`), given the simulation's autoscaler parameters when it takes them;
+    `InvalidRequest` lists the names."""
+    classes: dict[str, Any] = dict(SHIPPED_POLICIES)
     classes.update((ep.name, ep) for ep in entry_points(group=ENTRY_POINT_GROUP))
     if name not in classes:
         raise InvalidRequest(
