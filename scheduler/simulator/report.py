@@ -7,24 +7,15 @@ from typing import Any
 
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.scheduler.autoscale import AutoscaleConfig
-from kernelfleet.scheduler.packing import PackingPolicy
-from kernelfleet.scheduler.policies import BUILTIN_POLICIES, AutoscalingPolicy
+from kernelfleet.scheduler.policies import AutoscalingPolicy
 from kernelfleet.scheduler.policy import ENTRY_POINT_GROUP, Policy
+from kernelfleet.scheduler.registry import SHIPPED_POLICIES
 from kernelfleet.scheduler.simulator.config import (
     EXPLANATIONS,
     SimulationConfig,
     policy_assumptions,
 )
 from kernelfleet.scheduler.simulator.metrics import PolicyResult
-from kernelfleet.scheduler.wholehosts import WholeHostsPolicy
-
-SHIPPED_POLICIES: dict[str, type[Policy]] = {
-    **BUILTIN_POLICIES,
-    PackingPolicy.name: PackingPolicy,
-    WholeHostsPolicy.name: WholeHostsPolicy,
-}
-"""The policies of this package by name, found even where the installed entry points are
-older than the code (a checkout not reinstalled since a policy was added)."""
 
 
 def resolve_policy(name: str, autoscaling: AutoscaleConfig) -> Policy:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kernelfleet.errors import InvalidRequest
 from kernelfleet.scheduler import (
     ExecuteRequest,
     FleetSnapshot,
@@ -20,7 +21,7 @@ from kernelfleet.scheduler import (
 )
 from kernelfleet.scheduler.autoscale import AutoscaleConfig
 from kernelfleet.scheduler.packing import PackingPolicy
-from kernelfleet.scheduler.policy import PlacementRequest
+from kernelfleet.scheduler.policy import PlacementRequest, available_policies, load_policy
 from kernelfleet.scheduler.simulator import SimulationConfig, simulate
 from kernelfleet.scheduler.simulator.report import resolve_policy
 from kernelfleet.scheduler.trace import Trace, TraceEvent, recover_sessions
@@ -108,11 +109,16 @@ def test_a_cell_stays_on_its_previous_executor_when_it_fits() -> None:
     assert WholeHostsPolicy().choose_executor(snapshot, on_full) == RunOn("a")
 
 
-def test_known_to_the_simulator_and_declared_as_an_entry_point() -> None:
+def test_known_by_name_and_declared_as_an_entry_point() -> None:
+    # the simulator's and the gateway's lookups find it whether or not the installed entry
+    # points predate it (a checkout run with PYTHONPATH), with the autoscaler config given
     config = AutoscaleConfig(buffer_hosts=0)
-    policy = resolve_policy("whole-hosts", config)
-    assert isinstance(policy, WholeHostsPolicy)
-    assert policy.autoscaling == config
+    for policy in (resolve_policy("whole-hosts", config), load_policy("whole-hosts", config)):
+        assert isinstance(policy, WholeHostsPolicy)
+        assert policy.autoscaling == config
+    assert "whole-hosts" in available_policies()
+    with pytest.raises(InvalidRequest, match="unknown policy 'whole-host'; installed policies: "):
+        load_policy("whole-host")
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     assert declared["kernelfleet.policies"]["whole-hosts"] == (
         "kernelfleet.scheduler.wholehosts:WholeHostsPolicy"
