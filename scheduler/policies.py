@@ -83,22 +83,20 @@ class NotebookOSPolicy(AutoscalingPolicy):
                 QueueReason.WAITING_FOR_HOSTS,
                 "no host agent is alive: start one with 'kernelfleet host'",
             )
-        too_large = _too_large(snapshot, request.gpus)
+        too_large = reject_too_large(snapshot, request.gpus)
         if too_large is not None:
             return too_large
         fitting = [host for host in alive if host.gpus_total >= request.gpus]
         ratio = cluster_subscription_ratio(snapshot)
-        spot = _spot_places(self, request)
-        accepting = [host for host in fitting if _accepts_replica(host, request.gpus, ratio)]
+        spot = spot_places(self, request)
+        accepting = [host for host in fitting if accepts_replica(host, request.gpus, ratio)]
         allowed = choose_within_spot_limit(
-            sorted(accepting, key=_load_order), request.replicas, spot
+            sorted(accepting, key=load_order), request.replicas, spot
         )
         if len(allowed) >= request.replicas:
             return Placement(host_ids=tuple(host.id for host in allowed))
         grows = snapshot.gpus_per_host > 0 or snapshot.hosts_pending > 0
-        anywhere = choose_within_spot_limit(
-            sorted(fitting, key=_load_order), request.replicas, spot
-        )
+        anywhere = choose_within_spot_limit(sorted(fitting, key=load_order), request.replicas, spot)
         if not grows and len(anywhere) >= request.replicas:
             # No host will be added: the ratio, whose job is to ask for more hosts, cannot,
             # so it does not bind; the least loaded hosts take the replicas (a kernelfleet
@@ -131,7 +129,7 @@ class NotebookOSPolicy(AutoscalingPolicy):
         kernel = request.kernel
         if not kernel.replica_hosts:
             return Reject(RejectReason.NO_REPLICAS, f"kernel {kernel.id} has no replica")
-        too_large = _too_large(snapshot, request.gpus)
+        too_large = reject_too_large(snapshot, request.gpus)
         if too_large is not None:
             return too_large
         replicas = _hosts(snapshot, kernel.replica_hosts)
@@ -176,13 +174,13 @@ class ReservationPolicy(AutoscalingPolicy):
     state_sync = StateSync.OFF_CRITICAL_PATH
 
     def admit(self, snapshot: FleetSnapshot, request: PlacementRequest) -> AdmitDecision:
-        too_large = _too_large(snapshot, request.gpus)
+        too_large = reject_too_large(snapshot, request.gpus)
         if too_large is not None:
             return too_large
         fits = [host for host in snapshot.alive_hosts() if host.can_commit(request.gpus)]
         if len(fits) >= request.replicas:
             ordered = sorted(fits, key=lambda h: (h.gpus_idle, -h.free_speed(request.gpus), h.id))
-            spot = _spot_places(self, request)
+            spot = spot_places(self, request)
             chosen = choose_within_spot_limit(ordered, request.replicas, spot)
             if len(chosen) >= request.replicas:
                 return Placement(tuple(host.id for host in chosen))
@@ -209,9 +207,9 @@ class FcfsBatchPolicy(AutoscalingPolicy):
 
     def place(self, snapshot: FleetSnapshot, request: PlacementRequest) -> Placement:
         """For the gateway, which needs somewhere to start the kernel: least loaded hosts."""
-        spot = _spot_places(self, request)
+        spot = spot_places(self, request)
         alive = snapshot.alive_hosts()
-        chosen = choose_within_spot_limit(sorted(alive, key=_load_order), request.replicas, spot)
+        chosen = choose_within_spot_limit(sorted(alive, key=load_order), request.replicas, spot)
         if len(chosen) < request.replicas:
             raise NoCapacity(
                 f"kernel {request.kernel_id} needs {request.replicas} host(s), a majority of them "
@@ -221,10 +219,10 @@ class FcfsBatchPolicy(AutoscalingPolicy):
 
     def admit(self, snapshot: FleetSnapshot, request: PlacementRequest) -> AdmitDecision:
         """Nothing is held between cells, so admission takes no host."""
-        return _too_large(snapshot, request.gpus) or Placement(())
+        return reject_too_large(snapshot, request.gpus) or Placement(())
 
     def choose_executor(self, snapshot: FleetSnapshot, request: ExecuteRequest) -> ExecutorDecision:
-        too_large = _too_large(snapshot, request.gpus)
+        too_large = reject_too_large(snapshot, request.gpus)
         if too_large is not None:
             return too_large
         fits = [host for host in snapshot.alive_hosts() if host.can_commit(request.gpus)]
@@ -235,7 +233,7 @@ class FcfsBatchPolicy(AutoscalingPolicy):
         return _grow_or_wait(snapshot, request.gpus)
 
 
-def _spot_places(policy: Policy, request: PlacementRequest) -> int:
+def spot_places(policy: Policy, request: PlacementRequest) -> int:
     """How many of the hosts `request` asks for may be spot hosts."""
     if request.spot_places is not None:
         return request.spot_places
@@ -271,7 +269,7 @@ def migration_target(
     )
 
 
-def _accepts_replica(host: HostSnapshot, gpus: int, ratio: float) -> bool:
+def accepts_replica(host: HostSnapshot, gpus: int, ratio: float) -> bool:
     """The host-refusal rule: subscription after placement must not exceed the cluster ratio."""
     return gpus == 0 or host.subscription_ratio(gpus) <= ratio
 
@@ -296,7 +294,7 @@ def _grow_or_wait(snapshot: FleetSnapshot, gpus: int, kind: str | None = None) -
     return ScaleOut(1, kind)
 
 
-def _too_large(snapshot: FleetSnapshot, gpus: int) -> Reject | None:
+def reject_too_large(snapshot: FleetSnapshot, gpus: int) -> Reject | None:
     size = snapshot.host_size
     known = snapshot.gpus_per_host > 0 or bool(snapshot.alive_hosts())
     if known and gpus > size:
@@ -320,7 +318,7 @@ def _explain(decision: AdmitDecision) -> str:
     return "placed"
 
 
-def _load_order(host: HostSnapshot) -> tuple[int, int, str]:
+def load_order(host: HostSnapshot) -> tuple[int, int, str]:
     return (host.replicas, -host.gpus_idle, host.id)
 
 

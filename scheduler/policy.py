@@ -7,6 +7,7 @@ import enum
 import inspect
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from typing import Any
 
 from kernelfleet.errors import InvalidRequest, NoCapacity
 from kernelfleet.scheduler.autoscale import AutoscaleConfig
@@ -126,19 +127,28 @@ class Policy(abc.ABC):
 
 
 def available_policies() -> list[str]:
-    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+    """The names of the policies registered as entry points and of this package's own."""
+    installed = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return sorted(installed | set(_shipped()))
 
 
 def load_policy(name: str, autoscaling: AutoscaleConfig | None = None) -> Policy:
-    """Instantiate the policy registered as `name`, with the autoscaler parameters
-    `autoscaling` if it takes them (its defaults otherwise); `InvalidRequest` lists the known
-    names."""
+    """Instantiate the policy registered as `name` (an entry point, else one this package
+    ships: `registry.SHIPPED_POLICIES`), with the autoscaler parameters `autoscaling` if it
+    takes them (its defaults otherwise); `InvalidRequest` lists the known names."""
     matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-    if not matches:
+    if not matches and name not in _shipped():
         raise InvalidRequest(
             f"unknown policy {name!r}; installed policies: {', '.join(available_policies())}"
         )
-    policy_class = matches[0].load()
+    policy_class: Any = matches[0].load() if matches else _shipped()[name]
     if autoscaling is not None and "autoscaling" in inspect.signature(policy_class).parameters:
         return policy_class(autoscaling=autoscaling)
     return policy_class()
+
+
+def _shipped() -> dict[str, type[Policy]]:
+    # imported here: the shipped policies import this module
+    from kernelfleet.scheduler.registry import SHIPPED_POLICIES
+
+    return SHIPPED_POLICIES

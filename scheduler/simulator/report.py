@@ -7,8 +7,9 @@ from typing import Any
 
 from kernelfleet.errors import InvalidRequest
 from kernelfleet.scheduler.autoscale import AutoscaleConfig
-from kernelfleet.scheduler.policies import BUILTIN_POLICIES, AutoscalingPolicy
+from kernelfleet.scheduler.policies import AutoscalingPolicy
 from kernelfleet.scheduler.policy import ENTRY_POINT_GROUP, Policy
+from kernelfleet.scheduler.registry import SHIPPED_POLICIES
 from kernelfleet.scheduler.simulator.config import (
     EXPLANATIONS,
     SimulationConfig,
@@ -18,9 +19,10 @@ from kernelfleet.scheduler.simulator.metrics import PolicyResult
 
 
 def resolve_policy(name: str, autoscaling: AutoscaleConfig) -> Policy:
-    """The policy registered as `name` (entry points first, then the built-ins), given the
-    simulation's autoscaler parameters when it takes them; `InvalidRequest` lists the names."""
-    classes: dict[str, Any] = dict(BUILTIN_POLICIES)
+    """The policy registered as `name` (entry points first, then this package's own,
+    `SHIPPED_POLICIES`), given the simulation's autoscaler parameters when it takes them;
+    `InvalidRequest` lists the names."""
+    classes: dict[str, Any] = dict(SHIPPED_POLICIES)
     classes.update((ep.name, ep) for ep in entry_points(group=ENTRY_POINT_GROUP))
     if name not in classes:
         raise InvalidRequest(
