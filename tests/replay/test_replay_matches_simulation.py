@@ -1,10 +1,11 @@
 """Validation: a live replay of a trace slice agrees with the simulation of that slice.
 
-Both tests start a real fleet (a gateway and 3 host agents with virtual GPUs, ipykernel kernels
-of 3 replicas as the ``notebookos`` policy has them, one per host, so no cell can migrate and no
-host is added) and simulate the same slice under the policy the gateway reports, on the same
-fixed fleet (``max_hosts = hosts``) with the same session model. docs/trace-replay.md has the
-figures measured and why the two differ.
+Each test starts a real fleet (a gateway and 3 host agents with virtual GPUs, ipykernel kernels
+of 3 replicas as the ``notebookos`` policy has them) and simulates the same slice under the
+policy the gateway reports with the same session model. The first two run fixed fleets (one
+replica per host, so no cell can migrate and no host is added; ``max_hosts = hosts``); the third
+runs a gateway that autoscales. docs/trace-replay.md has the figures measured and why the two
+differ.
 
 - ``june_slice.csv`` is the slice ``--start 27557 --sessions 6`` of Adobe's June trace
   (../shared/traces/sensei_june_60sec.csv): 6 sessions, 18 events of 1 and 8 GPUs over 51 trace
@@ -17,6 +18,11 @@ figures measured and why the two differ.
   the simulator queues cells as the gateway does (oldest first; a host an older waiting cell
   could use is kept for it). Submit times are fractions of a minute, which the format allows,
   so that no two cells compete at the same instant.
+- ``scaleout.csv`` is synthetic: 4 sessions of 1 GPU, one cell each, starting 0.5 trace minutes
+  apart; three hold the 3 GPUs of 3 hosts until minute 5.5, and the fourth (1 minute, from
+  minute 1.5) waits for the host the autoscaler adds (up to 4 hosts of 1 GPU), moves a replica
+  there and runs; the idle host is then removed. The simulator is given the host start and
+  replica move times the gateway measured in the same run.
 """
 
 from __future__ import annotations
