@@ -36,6 +36,9 @@ from kernelfleet.scheduler.trace import TRACE_HELP, Trace, read_trace
 
 log = logging.getLogger("kernelfleet.replay.app")
 
+#: what the assumptions record of the gateway's autoscaler (``GET /api/fleet`` → autoscaling)
+AUTOSCALING_LIMITS = ("min_hosts", "max_hosts", "gpus_per_host")
+
 
 class ReplayApp(Application):
     """Live trace replay against a running gateway."""
@@ -165,11 +168,13 @@ class ReplayApp(Application):
     ) -> dict[str, Any]:
         """What the numbers depend on: the gateway's policy and replicas per kernel (from
         ``GET /api/fleet``; None from a gateway without it), the slice, the time scale, the
-        session model, and the fleet as it was when the replay began."""
+        session model, and the fleet as it was when the replay began, with the autoscaler's
+        host limits and added hosts' size (None from a gateway that does not autoscale)."""
         alive = [h for h in hosts if h.get("state") == "alive"]
         sizes = sorted({int(h.get("gpus", {}).get("total", 0)) for h in alive})
         fleet = fleet or {}
         policy = fleet.get("policy")
+        scaling = fleet.get("autoscaling")
         return {
             "gateway": self.gateway,
             "gateway_version": fleet.get("version"),
@@ -180,6 +185,9 @@ class ReplayApp(Application):
             "sessions": len(trace.sessions),
             "hosts": len(alive),
             "gpus_per_host": sizes[0] if len(sizes) == 1 else sizes,
+            "autoscaling": {key: scaling.get(key) for key in AUTOSCALING_LIMITS}
+            if isinstance(scaling, dict)
+            else None,
             "session_lead_s": self.session_lead_s,
             "session_linger_s": self.session_linger_s,
             "idle_timeout_s": self.idle_timeout_s,
@@ -238,6 +246,16 @@ def report_text(outcome: ReplayResult, elapsed: float) -> str:
             f"note: {outcome.late_for_kernel} cell(s) were due before their kernel had started; "
             "their start delays include the rest of its start-up (the simulator counts none): "
             "raise --ReplayApp.kernel_start_allowance_s"
+        )
+    if (
+        outcome.autoscaler is not None
+        and outcome.autoscaler.scale_outs + outcome.autoscaler.scale_ins
+    ):
+        counts = outcome.autoscaler
+        lines.append(
+            f"the gateway's autoscaler: {counts.scale_outs} host(s) added (starting in "
+            f"{counts.host_start_wall_s} wall s on average), {counts.scale_ins} removed; "
+            f"{counts.migrations} replica(s) moved ({counts.migration_wall_s} wall s on average)"
         )
     if outcome.failures:
         lines.append(f"{len(outcome.failures)} event(s) failed; first: {outcome.failures[0]}")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jupyter_client.session import Session
+from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
@@ -58,6 +59,10 @@ class GatewayClient:
 
     async def call(self, method: str, path: str, body: Any = None) -> Any:
         """One REST call; the parsed JSON body (None if empty). `ReplayError` on any failure."""
+        response = await self._fetch(method, path, body)
+        return json.loads(response) if response else None
+
+    async def _fetch(self, method: str, path: str, body: Any = None) -> bytes:
         request = HTTPRequest(
             self.url + path,
             method=method,
@@ -73,7 +78,7 @@ class GatewayClient:
             raise ReplayError(message, status=error.code) from None
         except (TimeoutError, OSError) as error:
             raise ReplayError(f"{method} {path}: cannot reach {self.url}: {error}") from None
-        return json.loads(response.body) if response.body else None
+        return bytes(response.body or b"")
 
     async def start_kernel(self, gpus: int, name: str = "") -> str:
         """``POST /api/kernels`` with ``KERNEL_GPUS``; the new kernel's id."""
@@ -105,6 +110,21 @@ class GatewayClient:
         if not isinstance(found, dict):
             raise ReplayError(f"GET /api/fleet: expected a JSON object, got {found!r:.80}")
         return found
+
+    async def metrics(self) -> dict[str, float]:
+        """``GET /metrics`` (Prometheus text): every sample's value by its name and labels as
+        the text writes them (``kernelfleet_scale_out_hosts_total``,
+        ``kernelfleet_migrations_total{outcome="succeeded"}``)."""
+        text = (await self._fetch("GET", "/metrics")).decode("utf-8", "replace")
+        try:
+            families = list(text_string_to_metric_families(text))
+        except ValueError as error:
+            raise ReplayError(f"GET /metrics: not Prometheus text: {error}") from None
+        return {
+            _sample_key(sample.name, sample.labels): float(sample.value)
+            for family in families
+            for sample in family.samples
+        }
 
     async def connect(self, kernel_id: str) -> KernelChannel:
         """A websocket to the kernel's channels."""
@@ -182,6 +202,12 @@ class KernelChannel:
 
     def close(self) -> None:
         self.ws.close()
+
+
+def _sample_key(name: str, labels: dict[str, str]) -> str:
+    if not labels:
+        return name
+    return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
 
 def _gateway_message(error: HTTPClientError) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 from kernelfleet.protocol import gpu_request
 from kernelfleet.replay.client import GatewayClient, KernelChannel, ReplayError
+from kernelfleet.replay.counters import AutoscalerCounts
 from kernelfleet.replay.meter import FleetMeter
 from kernelfleet.replay.plan import ReplayTiming, SessionPlan, cell_code, plan_sessions
 from kernelfleet.scheduler.simulator.metrics import Gauge, PolicyResult, percentile
@@ -37,6 +38,7 @@ class ReplayResult:
     failures: list[str] = field(default_factory=list)  # "line N: why", one per failed event
     failed_polls: int = 0
     late_for_kernel: int = 0  # cells due before their kernel had started
+    autoscaler: AutoscalerCounts | None = None  # from /metrics; None if it could not be read
 
     def as_json(self) -> dict[str, Any]:
         """The simulator's fields, plus the live-only ones (named so they cannot be confused)."""
@@ -48,6 +50,7 @@ class ReplayResult:
             "sessions": self.result.sessions,
             "failed_events": len(self.failures),
             "cells_late_for_kernel": self.late_for_kernel,
+            "gateway_autoscaler": None if self.autoscaler is None else self.autoscaler.as_json(),
         }
 
 
@@ -94,6 +97,7 @@ class Replay:
         return (time.monotonic() - self.origin) * self.timing.time_scale
 
     async def run(self) -> ReplayResult:
+        before = await self._counters()
         # kernels of the earliest sessions start `kernel_start_allowance_s` before the origin
         self.origin = time.monotonic() + self.timing.kernel_start_allowance_s + 0.2
         meter = self.meter = FleetMeter(self.client, self.clock, self.poll_interval_s)
@@ -105,7 +109,19 @@ class Replay:
             meter.close()
             stop.set()
             await polling
-        return self._result(meter)
+        after = await self._counters()
+        result = self._result(meter)
+        if before is not None and after is not None:
+            result.autoscaler = AutoscalerCounts.between(before, after)
+        return result
+
+    async def _counters(self) -> dict[str, float] | None:
+        """The gateway's metrics now; None (logged) if they cannot be read."""
+        try:
+            return await self.client.metrics()
+        except ReplayError as error:
+            log.warning("reading the gateway's metrics failed: %s", error.message)
+            return None
 
     async def _meter_from_origin(self, meter: FleetMeter, stop: asyncio.Event) -> None:
         await _sleep_until(self.origin)
