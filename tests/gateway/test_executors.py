@@ -41,7 +41,7 @@ class Kernels:
     def __init__(self, ledger: GpuLedger) -> None:
         self.ledger = ledger
 
-    def snapshot(self) -> FleetSnapshot:
+    def snapshot(self, kernel: KernelRecord | None = None) -> FleetSnapshot:
         return FleetSnapshot(hosts=self.ledger.snapshot())
 
     async def move_replica(self, kernel: KernelRecord, replica: ReplicaRecord, host: str) -> None:
