@@ -276,9 +276,8 @@ class HostRegistry:
         host.gpus, host.replicas, host.instance, host.last_seen = gpus, replicas, instance, now
         host.isolation, host.gpu_type, host.jobs = isolation, gpu_type, jobs
         host.kind = kind
-        was_reachable = host.runs_containers
-        host.containers = containers
-        if containers is not None and containers.reachable != was_reachable:
+        before, host.containers = host.containers, containers
+        if containers is not None and (before is None or before.reachable != containers.reachable):
             if containers.reachable:
                 log.info("host %s runs containers (engine %s)", host_id, containers.engine)
             else:

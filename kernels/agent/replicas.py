@@ -422,11 +422,17 @@ class ReplicaTable:
         left running (found by their labels), as ready replicas with the ports and connection
         they had; remove those that exited. Return the ids adopted. Called at agent start,
         before the agent answers anything (the start's sweep of stale folders spared theirs:
-        their processes, visible in ``/proc``, point to them)."""
+        their processes, visible in ``/proc``, point to them). `EngineUnavailable` if the
+        engine does not answer, which the host model then says from the first heartbeat."""
         if self.containers is None:
             return []
         adopted = []
-        for found in await asyncio.to_thread(self.containers.found):
+        try:
+            listed = await asyncio.to_thread(self.containers.found)
+        except EngineUnavailable as e:
+            self.engine_problem = e.message
+            raise
+        for found in listed:
             problem = self._why_not_adopt(found)
             if problem is None:
                 try:
