@@ -290,6 +290,10 @@ class CellQueue:
             return
         if replica_id is not None and replica_id != assignment.replica_id:
             return
+        if replica_id is not None and outcome in (CellOutcome.OK, CellOutcome.ERROR):
+            # its reply proves the replica began it; the shell reply may be read before the
+            # IOPub execute_input that marks a cell running (each socket has its own pump)
+            self.mark_running(cell_id, replica_id)
         if not cell.ended.done():
             cell.end(outcome)
 

@@ -79,3 +79,41 @@ async def test_a_cell_whose_reply_never_comes_ends_on_its_idle_status():
     await asyncio.sleep(0.05)
     assert client.sent == ["a", "b"]
     queue.close("done")
+
+
+class Watcher:
+    def __init__(self) -> None:
+        self.heard: list[tuple[str, str]] = []
+
+    def cell_queued(self, cell: Cell, queued: int) -> None:
+        self.heard.append(("queued", cell.id))
+
+    def cell_started(self, cell: Cell, assignment: Assignment) -> None:
+        self.heard.append(("started", cell.id))
+
+    def cell_finished(self, cell: Cell) -> None:
+        self.heard.append(("finished", cell.id))
+
+
+async def test_a_reply_read_before_its_execute_input_still_starts_the_cell():
+    """Shell and IOPub are read by pumps of their own: a fast cell's execute_reply can be seen
+    before the execute_input that marks it running. Its start is still heard, once."""
+    client, watcher = Client(), Watcher()
+
+    async def assign(c: Cell) -> Assignment:
+        return Assignment("r-1")
+
+    async def dispatch(c: Cell, assignment: Assignment) -> None:
+        await client.send_cell(c, assignment, [])
+
+    queue = CellQueue("k", assign, dispatch, watcher)
+    fast = cell(client, "a")
+    queue.submit(fast)
+    await asyncio.sleep(0.05)
+    queue.finish("a", CellOutcome.OK, "r-1")  # the reply first
+    await asyncio.wait_for(fast.ended, 3)
+    await asyncio.sleep(0.05)  # the queue has moved on
+    queue.mark_running("a", "r-1")  # then its execute_input: nothing more
+    assert watcher.heard == [("queued", "a"), ("started", "a"), ("finished", "a")]
+    assert fast.outcome is CellOutcome.OK
+    queue.close("done")

@@ -327,8 +327,11 @@ def test_live_replay_agrees_with_the_simulation_when_the_fleet_scales_out(tmp_pa
         f"can miss; the gateway's log says)? {counts}"
     )
     assert (live["scale_outs"], live["scale_ins"], live["migrations"]) == (1, 1, 2)
-    simulated = simulate_like(SCALEOUT, assumptions, scaleout_config(live, time_scale))
-    assert simulated["start_delay_s"]["p99"] >= 30  # the last cell waited for the new host
+    config = scaleout_config(live, time_scale)
+    simulated = simulate_like(SCALEOUT, assumptions, config)
+    # the last cell waited for the new host: at least its start (which the live run measured:
+    # 1-3 wall s, so no fixed figure will do)
+    assert simulated["start_delay_s"]["p99"] >= config.scale_out_delay_s > 0
     check_scaleout(live, simulated, time_scale)
     # ... and the comparison can fail: a simulator whose fleet never grows is caught
     never_grows = simulate_like(SCALEOUT, assumptions, scaleout_config(live, time_scale, 3))
