@@ -52,8 +52,8 @@ SCALEOUT = HERE / "scaleout.csv"
 #   through Raft), and each session's later cells shift by that much. At 300x, 10 ms of wall
 #   time is 3 trace seconds; the June slice's 18 cells (3-8 trace minutes each) grow by 0.5-2%
 #   and its 82-minute window by less. (At 600x, as before, a CI run measured +5.1 to +8.4% by
-#   cells: 50-100 ms a cell on a loaded machine is 30-60 trace s there.) The ledger holds a cell's GPUs from before its LEAD
-#   round to after its reply, a little longer again.
+#   cells: 50-100 ms a cell on a loaded machine is 30-60 trace s there.) The ledger holds a
+#   cell's GPUs from before its LEAD round to after its reply, a little longer again.
 # - Uncontended start delay, 0.5 wall seconds: the simulator has no protocol overhead, and in
 #   the June slice no cell waits, so it predicts 0; a live cell starts when the gateway has
 #   relayed the request and the executor's execute_input (measured p99: 9-40 ms; 0.5 s leaves
