@@ -297,8 +297,8 @@ async def wait_ready(
     """Return once the kernel answered ``kernel_info``; raise ``StartError`` as soon as the
     process exits, its log (`log_text`) says a port was taken (ipykernel then hangs rather
     than exit), or when ``ready_within`` seconds pass."""
-    kc = km.client()
-    kc.start_channels()
+    kc = km.client(context=km.context)  # a context of its own would block as it ends
+    kc.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
     ready = asyncio.ensure_future(_kernel_info_answered(kc))
     exited = asyncio.ensure_future(_wait_exit(km))
     port_taken = asyncio.ensure_future(_wait_for_text(log_text, PORT_TAKEN))

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
+import zmq.asyncio
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 from traitlets.config import Configurable
@@ -338,6 +339,10 @@ class ReplicaTable:
         self.config_parent = config_parent
         self._replicas: dict[str, Replica] = {}
         self._closing = False
+        self._zmq_context = zmq.asyncio.Context()
+        """Every kernel manager's and readiness client's sockets, for the agent's life: a
+        context of their own would be terminated as they close, and terminating one blocks the
+        event loop while libzmq winds down a connection to a port someone else holds."""
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -404,6 +409,7 @@ class ReplicaTable:
                             raise
                         log.warning("replica %s: a port was taken; new ports", replica.id)
                         km.cleanup_connection_file()
+                        await km.cleanup_resources(restart=True)  # its control socket
                         self._assign_ports(replica)
                         self._set_state(replica, ReplicaState.RESTARTING)
                 self._check_not_closing()
@@ -852,6 +858,7 @@ class ReplicaTable:
             connection_file=str(directory / "connection.json"),
             shutdown_wait_time=self.stop_timeout,
             cache_ports=False,  # jupyter_client's cache would replace the ports set here
+            context=self._zmq_context,
         )
         km.owner = owner
         return km

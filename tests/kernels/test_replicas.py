@@ -193,3 +193,59 @@ async def test_a_raft_port_taken_before_the_replica_holds_it_is_replaced(
     finally:
         await table.stop_all(grace=5)
         taken.close()
+
+
+async def test_starts_that_retry_ports_never_terminate_a_zmq_context_on_the_event_loop(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Terminating a ZMQ context blocks until libzmq has wound down every connection, which
+    took seconds for one to a port another kernel's socket held: the agent then answered no
+    link ping and the gateway declared its host lost. Concurrent starts, two of them on a
+    port a foreign ZMQ socket holds, terminate no context (real ReplicatedKernels)."""
+    import asyncio
+
+    import zmq
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from kernelfleet.kernels.agent import replicas as module
+    from kernelfleet.kernels.agent.app import PACKAGED_KERNELSPECS
+
+    foreign = zmq.Context()
+    held = []
+    real, calls = module.free_ports, []
+
+    def shell_port_held_by_another_kernel(ip, count, avoid=frozenset()):
+        ports = real(ip, count, avoid)
+        calls.append(count)
+        if count > 1 and len(held) < 2:
+            socket = foreign.socket(zmq.ROUTER)
+            ports[0] = socket.bind_to_random_port(f"tcp://{ip}")
+            held.append(socket)
+        return ports
+
+    terminated = []
+    real_term = zmq.Context.term
+
+    def recording_term(context):
+        terminated.append(context)
+        real_term(context)
+
+    monkeypatch.setattr(module, "free_ports", shell_port_held_by_another_kernel)
+    monkeypatch.setattr(zmq.Context, "term", recording_term)
+    specs = KernelSpecManager()
+    specs.kernel_dirs.append(str(PACKAGED_KERNELSPECS))
+    table = module.ReplicaTable(state_dir=tmp_path, kernel_spec_manager=specs, root_dir=tmp_path)
+    try:
+        requests = [
+            ReplicaRequest(f"r{n}", f"k{n}", "kernelfleet-python3", raft=True) for n in range(3)
+        ]
+        started = await asyncio.gather(*(table.start(request) for request in requests))
+        assert [replica.state for replica in started] == [ReplicaState.READY] * 3
+        assert len(held) == 2
+        assert calls.count(5) == 5, "two starts retried with new ports"
+        assert terminated == []
+    finally:
+        await table.stop_all(grace=5)
+        for socket in held:
+            socket.close(linger=0)
+        foreign.term()
