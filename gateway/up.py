@@ -38,11 +38,21 @@ from kernelfleet.gateway.processes import (
 from kernelfleet.privileges import mark_non_dumpable
 from kernelfleet.web import new_token
 
+GATEWAY_APP = "GatewayApp"
+HOST_AGENT_APP = "HostAgentApp"
+"""The configurable classes of ``kernelfleet gateway`` and ``kernelfleet host``: options of
+theirs given to ``up`` are passed on."""
+
 
 class UpApp(Application):
     name = "kernelfleet-up"
     version = __version__
-    description = "Start a gateway and N local host agents with virtual GPUs, in the foreground."
+    description = (
+        "Start a gateway and N local host agents with virtual GPUs, in the foreground. "
+        "Options of the gateway (--GatewayApp.NAME=VALUE, see 'kernelfleet gateway --help-all') "
+        "and of the host agents (--HostAgentApp.NAME=VALUE, see 'kernelfleet host --help-all') "
+        "are passed on to them as given, after the ones this command sets."
+    )
 
     aliases = {
         "ip": "UpApp.ip",
@@ -172,6 +182,7 @@ class UpApp(Application):
                 "--replicas",
                 str(min(self.replicas, self.hosts)),
                 *self._autoscale_args(),
+                *self._passed_on(GATEWAY_APP),
             ],
         )
         self.agents = [
@@ -183,6 +194,7 @@ class UpApp(Application):
                     self.gpus_per_host,
                     f"{self.state_dir}/host-{i}",
                     *(["--gpu-speed", self.gpu_speed] if self.gpu_speed else []),
+                    *self._passed_on(HOST_AGENT_APP),
                 ),
             )
             for i in range(1, self.hosts + 1)
@@ -214,6 +226,13 @@ class UpApp(Application):
             f"--max-hosts={max(self.max_hosts, self.hosts)}",
             f"--GatewayApp.autoscale_gpus_per_host={self.gpus_per_host}",
         ]
+
+    def _passed_on(self, section: str) -> list[str]:
+        """The ``--SECTION.NAME=VALUE`` options this command was given, as given: traitlets
+        keeps those of applications it does not know as their command-line strings."""
+        if section not in self.config:
+            return []
+        return [f"--{section}.{name}={value}" for name, value in self.config[section].items()]
 
     def _spawn(self, label: str, args: list[str]) -> subprocess.Popen:
         process = spawn_kernelfleet(args, self.logs / f"{label}.log", self.token)

@@ -32,7 +32,10 @@ def up(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("up")
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELFLEET_")}
     process = subprocess.Popen(
-        ["kernelfleet", "up", "--port", str(free_port()), "--gpu-speed", "0.5,1.0"],
+        [
+            *("kernelfleet", "up", "--port", str(free_port()), "--gpu-speed", "0.5,1.0"),
+            *("--GatewayApp.policy=packing", "--HostAgentApp.gpu_type=passed-on"),
+        ],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
@@ -78,6 +81,9 @@ async def test_up_runs_a_cell_through_jupyter_server_then_stops_cleanly(up, jp_f
     status, hosts = call_json(url + "/api/fleet/hosts", token=token)
     speeds = [[d["relative_speed"] for d in host["gpus"]["devices"]] for host in hosts]
     assert speeds == [[0.5, 1.0]] * 3, "every agent got --gpu-speed"
+    assert [host["gpus"]["type"] for host in hosts] == ["passed-on"] * 3, "and --HostAgentApp.*"
+    status, fleet = call_json(url + "/api/fleet", token=token)
+    assert fleet["policy"] == "packing", "the gateway got --GatewayApp.*"
     family = descendants(process.pid)
     assert replica["pid"] in family
     assert len(family) >= 5, f"expected a gateway, 3 hosts and a kernel, found {family}"
