@@ -45,6 +45,7 @@ from kernelfleet.kernels.objectstore import prepare_shared_root
 from kernelfleet.privileges import mark_non_dumpable
 from kernelfleet.runtime_file import GatewayRuntime, remove_runtime, write_runtime
 from kernelfleet.scheduler import AutoscaleConfig, StateSync, load_policy
+from kernelfleet.scheduler.arrivals import ArrivalWindow
 from kernelfleet.scheduler.demand_model import load_or_warn
 from kernelfleet.scheduler.hostkinds import HOST_KINDS, ON_DEMAND
 from kernelfleet.scheduler.policies import cluster_subscription_ratio
@@ -54,6 +55,9 @@ from kernelfleet.web import log_request, new_token
 log = logging.getLogger("kernelfleet.gateway")
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+CLOUD_HOST_START_S = 60.0
+"""A cloud GPU host's start, from the decision to a host that takes work: what the warm
+capacity's lead time assumes unless told (the simulator's ``scale_out_delay_s`` too)."""
 
 
 class GatewayApp(Application):
@@ -230,6 +234,24 @@ class GatewayApp(Application):
     autoscale_min_host_lifetime = Float(
         0.0, config=True, help="Seconds a host must be up before it is released."
     )
+    autoscale_warm_quantile = Float(
+        0.0,
+        config=True,
+        help="Keep idle the GPUs that the cells arriving within autoscale_warm_lead need, at "
+        "this quantile of a Poisson model fed by the cells of the last "
+        "autoscale_arrival_window seconds (0: no warm capacity, NotebookOS's formula; "
+        "docs/economics.md).",
+    )
+    autoscale_warm_lead = Float(
+        0.0,
+        config=True,
+        help="Seconds ahead the warm capacity covers: how long a host takes to start and the "
+        "rounds before one is added (0: autoscale_patience x autoscale_interval + 60 s, a cloud "
+        "host's start as the simulator assumes).",
+    )
+    autoscale_arrival_window = Float(
+        900.0, config=True, help="Seconds of cell arrivals whose rate sizes the warm capacity."
+    )
     job_policy = Unicode(
         "max_min_fairness",
         config=True,
@@ -315,6 +337,7 @@ class GatewayApp(Application):
         "autoscale_interval",
         "job_round_s",
         "job_resume_after_s",
+        "autoscale_arrival_window",
     )
     def _check_positive(self, proposal: dict) -> float:
         if proposal["value"] <= 0:
@@ -465,6 +488,9 @@ class GatewayApp(Application):
             min_host_lifetime_s=self.autoscale_min_host_lifetime,
             min_hosts=self.min_hosts or self.replicas,
             max_hosts=self.max_hosts,
+            warm_quantile=self.autoscale_warm_quantile,
+            warm_lead_s=self.autoscale_warm_lead
+            or self.autoscale_patience * self.autoscale_interval + CLOUD_HOST_START_S,
         )
 
     def init_webapp(self) -> None:
@@ -616,6 +642,15 @@ class GatewayApp(Application):
             demand=self._live_demand(provider.gpus_per_host),
         )
         self.kernels.grow_with(autoscaler, autoscaling.max_hosts)
+        if autoscaling.warm_quantile > 0:
+            self.kernels.count_arrivals_with(ArrivalWindow(self.autoscale_arrival_window))
+            log.info(
+                "autoscaling keeps idle the GPUs of the cells arriving within %g s, at the %g "
+                "quantile of the last %g s",
+                autoscaling.warm_lead_s,
+                autoscaling.warm_quantile,
+                self.autoscale_arrival_window,
+            )
         return autoscaler
 
     def _live_demand(self, gpus_per_host: int) -> LiveDemand | None:

@@ -37,6 +37,7 @@ from kernelfleet.gateway.ledger_records import Binding
 from kernelfleet.gateway.metrics import FleetMetrics
 from kernelfleet.gateway.records import KernelRecord, ReplicaRecord, ReplicaState
 from kernelfleet.scheduler import FleetSnapshot, GpuBinding, Policy
+from kernelfleet.scheduler.arrivals import ArrivalWindow
 from kernelfleet.scheduler.decisions import Migrate, Reject, RunOn, ScaleOut
 from kernelfleet.scheduler.policy import ExecuteRequest
 from kernelfleet.scheduler.snapshot import KernelSnapshot
@@ -118,6 +119,9 @@ class ExecutorChooser:
         self.demand: LiveDemand | None = None
         """Told of every cell submitted and every cell's GPUs released (the demand model's
         live inputs), when the autoscaler has a demand model."""
+        self.arrivals: ArrivalWindow | None = None
+        """Told of every cell submitted and its GPUs (on `time.monotonic`), when the
+        autoscaler keeps warm capacity for the cells to come."""
         self._stopping: set[str] = set()
         """Kernels shut down whose replicas are still stopping: their cells' GPUs stay bound."""
 
@@ -185,6 +189,8 @@ class ExecutorChooser:
         cell.gpus_used = gpus
         if self.demand is not None:
             self.demand.cell_submitted(gpus)
+        if self.arrivals is not None:
+            self.arrivals.add(time.monotonic(), gpus)
         waiter: _Waiter | None = None
         try:
             while True:

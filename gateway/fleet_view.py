@@ -3,7 +3,8 @@
 `FleetView.snapshot` joins what the host registry knows (which hosts take work), what the GPU
 ledger knows (each host's GPUs: subscribed by idle replicas, committed to running cells), the
 demand waiting for capacity (cells waiting for GPUs, kernels waiting for a host), the usage
-window, and, once the autoscaler runs, the hosts on their way and the size of one more.
+window, and, once the autoscaler runs, the hosts on their way and the size of one more (and,
+when it keeps warm capacity, the cells submitted recently).
 
 A kernel that runs in containers (its launched kernelspec is one of `container_launches`) is
 shown only hosts that can run it: in its snapshot, a host whose agent has no container engine,
@@ -13,12 +14,15 @@ its replicas goes there.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Protocol
 
 from kernelfleet.gateway.hosts import HostRecord, HostRegistry
 from kernelfleet.gateway.ledger import GpuLedger
 from kernelfleet.scheduler import FleetSnapshot, HostSnapshot
+from kernelfleet.scheduler.arrivals import ArrivalWindow
+from kernelfleet.scheduler.snapshot import NO_ARRIVALS
 from kernelfleet.scheduler.usage import UsageWindow
 
 
@@ -64,6 +68,9 @@ class FleetView:
         self._growth: HostGrowth | None = None
         self._admitting: dict[str, int] = {}
         """GPUs of kernels waiting for a host to be placed on, by kernel id."""
+        self.arrivals: ArrivalWindow | None = None
+        """The cells submitted recently (on `time.monotonic`), once the autoscaler keeps warm
+        capacity; until then snapshots count none."""
 
     def grow_with(self, growth: HostGrowth) -> None:
         """From now on, tell policies the hosts `growth` is adding and whether more can come
@@ -106,6 +113,9 @@ class FleetView:
             demand_gpus=self.usage.demand,
             busy_gpus=self.usage.busy,
             gpus_waiting=self._cells.waiting_gpus + sum(self._admitting.values()),
+            arrivals=NO_ARRIVALS
+            if self.arrivals is None
+            else self.arrivals.stats(time.monotonic()),
         )
 
     def snapshot_without(self, host_ids: set[str], launch_name: str = "") -> FleetSnapshot:

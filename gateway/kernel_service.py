@@ -69,6 +69,7 @@ from kernelfleet.gateway.records import (
 from kernelfleet.gateway.store import KernelStore
 from kernelfleet.protocol import ErrorName
 from kernelfleet.scheduler import FleetSnapshot, Policy
+from kernelfleet.scheduler.arrivals import ArrivalWindow
 from kernelfleet.scheduler.usage import UsageWindow
 
 log = logging.getLogger("kernelfleet.gateway.kernels")
@@ -153,6 +154,12 @@ class KernelService:
         """From now on, tell `demand` (the autoscaler's model) of every cell submitted and
         every cell's GPUs released."""
         self._chooser.demand = demand
+
+    def count_arrivals_with(self, arrivals: ArrivalWindow) -> None:
+        """From now on, record every cell submitted in `arrivals`, which snapshots then carry
+        (the autoscaler's warm capacity is sized from them)."""
+        self._chooser.arrivals = arrivals
+        self._fleet.arrivals = arrivals
 
     def preempt_jobs_with(self, jobs: JobPreemption) -> None:
         """Cells first: a cell that takes GPUs lent to background jobs has `jobs` stop them."""

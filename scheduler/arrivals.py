@@ -1,6 +1,6 @@
 """The recent arrivals of cells, which size the autoscaler's warm capacity (`autoscale.py`).
 
-A caller (the simulator's engine; any live caller that sees cells arrive) records each cell as it
+A caller (the simulator's engine; the gateway's `ExecutorChooser`) records each cell as it
 is submitted, with its GPU need, and hands `ArrivalWindow.stats` to the policies in the snapshot
 (``FleetSnapshot.arrivals``).
 """
@@ -25,7 +25,9 @@ class ArrivalWindow:
         self._latest: tuple[float, ArrivalStats] | None = None  # stats asked for at a time
 
     def add(self, now: float, gpus: int) -> None:
-        """A cell needing `gpus` GPUs was submitted at `now`."""
+        """A cell needing `gpus` GPUs was submitted at `now`. Cells out of the window are
+        forgotten here too, so the window stays small however rarely `stats` is asked."""
+        self._forget_until(now - self.window_s)
         self._cells.append((now, gpus))
         self._gpus += gpus
         self._gpus_squared += gpus * gpus
@@ -35,12 +37,14 @@ class ArrivalWindow:
         """The cells submitted in ``(now - window_s, now]``."""
         if self._latest is not None and self._latest[0] == now:
             return self._latest[1]
-        horizon = now - self.window_s
+        self._forget_until(now - self.window_s)
+        stats = ArrivalStats(self.window_s, len(self._cells), self._gpus, self._gpus_squared)
+        self._latest = (now, stats)
+        return stats
+
+    def _forget_until(self, horizon: float) -> None:
         cells = self._cells
         while cells and cells[0][0] <= horizon:
             _, gpus = cells.popleft()
             self._gpus -= gpus
             self._gpus_squared -= gpus * gpus
-        stats = ArrivalStats(self.window_s, len(cells), self._gpus, self._gpus_squared)
-        self._latest = (now, stats)
-        return stats

@@ -120,3 +120,12 @@ def test_the_arrival_window_forgets_cells_older_than_the_window() -> None:
     assert window.stats(90.0).rate == 0.0
     with pytest.raises(ValueError, match="longer than 0"):
         ArrivalWindow(0.0)
+
+
+def test_a_window_nobody_reads_stays_as_small_as_its_window() -> None:
+    """The gateway records every cell, and its autoscaler may ask only every few seconds."""
+    window = ArrivalWindow(10.0)
+    for second in range(10_000):
+        window.add(float(second), 2)
+    assert len(window._cells) == 10
+    assert window.stats(9_999.0) == ArrivalStats(10.0, 10, 20, 40)
