@@ -47,7 +47,7 @@ from kernelfleet.runtime_file import GatewayRuntime, remove_runtime, write_runti
 from kernelfleet.scheduler import AutoscaleConfig, StateSync, load_policy
 from kernelfleet.scheduler.arrivals import ArrivalWindow
 from kernelfleet.scheduler.demand_model import load_or_warn
-from kernelfleet.scheduler.hostkinds import HOST_KINDS, ON_DEMAND
+from kernelfleet.scheduler.hostkinds import HOST_KINDS, ON_DEMAND, SPOT, spot_replicas_allowed
 from kernelfleet.scheduler.policies import cluster_subscription_ratio
 from kernelfleet.scheduler.usage import UsageWindow
 from kernelfleet.web import log_request, new_token
@@ -204,6 +204,14 @@ class GatewayApp(Application):
         help="The kind of the hosts it adds: 'on-demand', or 'spot' (revocable). Kernels keep "
         "a majority of their replicas on on-demand hosts (docs/economics.md, 'Transient hosts').",
     )
+    autoscale_spot_share = Float(
+        0.0,
+        config=True,
+        help="Mix host kinds: each host added is spot while spot hosts stay within this share "
+        "of the fleet, on-demand otherwise, as the simulator's spot_share (0: every host is of "
+        "autoscale_host_kind, which must then stay on-demand). Only kernels of 3 or more "
+        "replicas put one on spot.",
+    )
     autoscale_interval = Float(5.0, config=True, help="Seconds between autoscaling rounds.")
     autoscale_patience = Int(
         3, config=True, help="Rounds in a row the policy must ask for a change before it is made."
@@ -342,6 +350,12 @@ class GatewayApp(Application):
     def _check_positive(self, proposal: dict) -> float:
         if proposal["value"] <= 0:
             raise TraitError(f"{proposal['trait'].name} must be > 0, not {proposal['value']}")
+        return proposal["value"]
+
+    @validate("autoscale_spot_share")
+    def _check_share(self, proposal: dict) -> float:
+        if not 0 <= proposal["value"] <= 1:
+            raise TraitError(f"autoscale_spot_share must be within [0, 1], not {proposal['value']}")
         return proposal["value"]
 
     @validate("port")
@@ -640,6 +654,7 @@ class GatewayApp(Application):
             hosts=self.hosts,
             events=self.events,
             demand=self._live_demand(provider.gpus_per_host),
+            spot_share=self._spot_share(),
         )
         self.kernels.grow_with(autoscaler, autoscaling.max_hosts)
         if autoscaling.warm_quantile > 0:
@@ -652,6 +667,28 @@ class GatewayApp(Application):
                 self.autoscale_arrival_window,
             )
         return autoscaler
+
+    def _spot_share(self) -> float:
+        """`autoscale_spot_share`, or 0 (with a warning saying why) where spot hosts would
+        take no replica: kernels of fewer than 3 replicas keep every one on on-demand hosts."""
+        share = self.autoscale_spot_share
+        if share and self.autoscale_host_kind == SPOT:
+            self.log.critical(
+                "autoscale_spot_share mixes host kinds: autoscale_host_kind must stay %s", ON_DEMAND
+            )
+            self.exit(2)
+        if (
+            share
+            and spot_replicas_allowed(self.replicas, self.kernels.policy.max_spot_replicas) == 0
+        ):
+            log.warning(
+                "autoscale_spot_share %g is not used: kernels of %d replica(s) keep a majority, "
+                "here all of them, on on-demand hosts, so a spot host would run none",
+                share,
+                self.replicas,
+            )
+            return 0.0
+        return share
 
     def _live_demand(self, gpus_per_host: int) -> LiveDemand | None:
         """The demand model the autoscaler follows, counting cells from now on; None (with a

@@ -2,7 +2,8 @@
 
 Each round (`run_once`) takes a fresh `FleetSnapshot`, asks ``policy.autoscale`` and acts:
 
-- `ScaleOut(n)`: start up to `n` hosts, within ``max_hosts`` (alive and pending hosts count);
+- `ScaleOut(n)`: start up to `n` hosts, within ``max_hosts`` (alive and pending hosts count),
+  each of the provider's kind, or with ``spot_share`` spot or on-demand as `kind_to_add` says;
 - `ScaleIn(ids)`: a chosen host this provider did not start (started by hand, say) is swapped
   for the provider's idle host with the fewest replicas that was not chosen, if any. Then for
   each host, within ``min_hosts``: skip it if it has a committed GPU (or is still not the
@@ -38,6 +39,7 @@ from kernelfleet.gateway.events import EventBus
 from kernelfleet.gateway.host_provider import HostProvider
 from kernelfleet.gateway.metrics import FleetMetrics
 from kernelfleet.scheduler.decisions import AutoscaleDecision, Hold, ScaleIn, ScaleOut
+from kernelfleet.scheduler.hostkinds import SPOT, kind_to_add
 from kernelfleet.scheduler.policy import Policy
 from kernelfleet.scheduler.snapshot import FleetSnapshot, HostSnapshot
 
@@ -84,9 +86,12 @@ class Autoscaler:
         hosts: HostRetirement,
         events: EventBus | None = None,
         demand: LiveDemand | None = None,
+        spot_share: float = 0.0,
     ) -> None:
         if patience < 1 or cooldown < 0 or min_hosts < 0 or max_hosts < 0:
             raise ValueError("patience must be >= 1; cooldown and host limits >= 0")
+        if not 0 <= spot_share <= 1:
+            raise ValueError(f"spot_share must be within [0, 1], not {spot_share}")
         if max_hosts and min_hosts > max_hosts:
             raise ValueError(f"min_hosts {min_hosts} exceeds max_hosts {max_hosts}")
         self._snapshot = snapshot
@@ -102,6 +107,12 @@ class Autoscaler:
         self._hosts = hosts
         self._events = events or EventBus()
         self.demand = demand
+        self.spot_share = spot_share
+        """Above 0: each host added is spot while spot hosts stay within this share of the
+        fleet (alive and being added), on-demand otherwise (`kind_to_add`, as the simulator
+        adds them); 0: every host is of the provider's own kind."""
+        self._kinds: dict[str, str] = {}
+        """The kind each host this autoscaler asked for was started as."""
         self._lock = asyncio.Lock()
         self._last_action: float | None = None
         self._streak: tuple[type, int] = (Hold, 0)
@@ -158,6 +169,7 @@ class Autoscaler:
             "gpus_per_host": self.provider.gpus_per_host,
             "hosts_started": list(self.provider.hosts()),
             "demand_model": None if self.demand is None else self.demand.describe(),
+            "spot_share": self.spot_share,
             "last_round": None
             if last is None
             else {
@@ -253,7 +265,8 @@ class Autoscaler:
                 skipped.append(("scale-out", f"{wanted - room} host(s) over max_hosts"))
             wanted = min(wanted, room)
         outcomes = await asyncio.gather(
-            *(self._start_host() for _ in range(wanted)), return_exceptions=True
+            *(self._start_host(kind) for kind in self._kinds_to_add(snapshot, wanted)),
+            return_exceptions=True,
         )
         started = []
         for outcome in outcomes:
@@ -270,9 +283,32 @@ class Autoscaler:
                 self._metrics.hosts_added.inc(len(started))
         return AutoscaleRound(decision, started=tuple(started), skipped=tuple(skipped))
 
-    async def _start_host(self) -> str:
+    def _kinds_to_add(self, snapshot: FleetSnapshot, count: int) -> list[str | None]:
+        """The kind of each of `count` hosts to add (None: the provider's own)."""
+        if self.spot_share <= 0:
+            return [None] * count
+        alive = snapshot.alive_hosts()
+        known = {host.id for host in alive}
+        spot = sum(1 for host in alive if host.kind == SPOT)
+        spot += sum(
+            1
+            for host_id in self.provider.hosts()
+            if host_id not in known and self._kinds.get(host_id) == SPOT
+        )
+        fleet = len(alive) + snapshot.hosts_pending
+        kinds: list[str | None] = []
+        for _ in range(count):
+            kind = kind_to_add(spot, fleet, self.spot_share)
+            kinds.append(kind)
+            fleet += 1
+            spot += kind == SPOT
+        return kinds
+
+    async def _start_host(self, kind: str | None) -> str:
         started = self._clock()
-        host_id = await self.provider.start_host()
+        host_id = await self.provider.start_host(kind)
+        if kind is not None:
+            self._kinds[host_id] = kind
         if self._metrics is not None:
             self._metrics.scale_out_time.observe(self._clock() - started)
         return host_id

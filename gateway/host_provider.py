@@ -53,11 +53,12 @@ class HostProvider(abc.ABC):
     gpus_per_host: int = 0
 
     @abc.abstractmethod
-    async def start_host(self) -> str:
-        """Start one host agent; return its host id once it runs and is about to register.
+    async def start_host(self, kind: str | None = None) -> str:
+        """Start one host agent of `kind` (None: the provider's own); return its host id once
+        it runs and is about to register.
 
-        Raises `HostLimitReached` at ``max_hosts`` and `HostUnavailable` (with the agent's
-        own explanation) if it failed to start."""
+        Raises `HostLimitReached` at ``max_hosts``, `HostUnavailable` (with the agent's own
+        explanation) if it failed to start, and `InvalidRequest` for a kind it cannot start."""
 
     @abc.abstractmethod
     async def stop_host(self, host_id: str) -> None:
@@ -91,8 +92,8 @@ class LocalProcessHostProvider(HostProvider):
     started and may stop: `adopt` takes back those still running (an agent runs in a session
     of its own and outlives the gateway).
 
-    ``kind``: the kind of every host it starts (``on-demand`` or ``spot``, told to each agent
-    as ``--kind``); `InvalidRequest` naming it for any other.
+    ``kind``: the kind of the hosts it starts unless `start_host` names one (``on-demand`` or
+    ``spot``, told to each agent as ``--kind``); `InvalidRequest` naming it for any other.
     """
 
     def __init__(
@@ -168,7 +169,8 @@ class LocalProcessHostProvider(HostProvider):
         except KeyError:
             raise NotFound(f"host {host_id!r} was not started by this provider") from None
 
-    async def start_host(self) -> str:
+    async def start_host(self, kind: str | None = None) -> str:
+        kind = self.kind if kind is None else check_kind(kind, "the kind of a host to start")
         if self.max_hosts and len(self._processes) >= self.max_hosts:
             raise HostLimitReached(
                 f"the local host provider runs {len(self._processes)} host(s), its maximum"
@@ -181,7 +183,7 @@ class LocalProcessHostProvider(HostProvider):
             self.gpus_per_host,
             self.state_dir / host_id,
             "--kind",
-            self.kind,
+            kind,
             *self.extra_args,
         )
         process = spawn_kernelfleet(args, log_path, self._token)
@@ -196,7 +198,7 @@ class LocalProcessHostProvider(HostProvider):
         finally:
             self._starting.discard(host_id)
         self._save()
-        log.info("started host agent %s (pid %d)", host_id, process.pid)
+        log.info("started host agent %s (%s, pid %d)", host_id, kind, process.pid)
         return host_id
 
     async def stop_host(self, host_id: str) -> None:

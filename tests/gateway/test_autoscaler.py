@@ -11,6 +11,7 @@ from kernelfleet.gateway.autoscaler import Autoscaler
 from kernelfleet.gateway.host_provider import HostProvider
 from kernelfleet.gateway.metrics import FleetMetrics
 from kernelfleet.scheduler import AutoscaleConfig, FleetSnapshot, HostSnapshot, ScaleIn, ScaleOut
+from kernelfleet.scheduler.hostkinds import ON_DEMAND, SPOT
 from kernelfleet.scheduler.policies import NotebookOSPolicy
 
 
@@ -22,12 +23,14 @@ class FakeProvider(HostProvider):
         self.gpus_per_host = gpus_per_host
         self.started: list[str] = []
         self.stopped: list[str] = []
+        self.kinds: list[str | None] = []
 
-    async def start_host(self) -> str:
+    async def start_host(self, kind: str | None = None) -> str:
         if self.max_hosts and len(self.hosts()) >= self.max_hosts:
             raise HostLimitReached("fake provider full")
         host_id = f"auto-{len(self.started) + 1}"
         self.started.append(host_id)
+        self.kinds.append(kind)
         return host_id
 
     async def stop_host(self, host_id: str) -> None:
@@ -286,3 +289,23 @@ async def test_a_host_that_cannot_be_stopped_is_not_forgotten() -> None:
     result = await autoscaler(fleet, provider, hosts=retirement).run_once()
     assert result.skipped == (("auto-1", "stopping failed: cannot stop"),)
     assert [event for event, _, _ in retirement.told] == ["stopping"], "it stays closed"
+
+
+async def test_with_a_spot_share_it_adds_spot_hosts_within_the_share_counting_those_on_the_way():
+    fleet = FakeFleet({"h1": (2, 1)}, waiting=8)  # 10 GPUs wanted, 2 per host -> 5 hosts
+    provider = FakeProvider()
+    scaler = autoscaler(fleet, provider, spot_share=0.5)
+    assert (await scaler.run_once()).started == ("auto-1", "auto-2", "auto-3", "auto-4")
+    assert provider.kinds == [SPOT, ON_DEMAND, SPOT, ON_DEMAND]
+    fleet.waiting = 12  # 7 hosts: 2 more, while the 4 (2 of them spot) have not registered
+    assert (await scaler.run_once()).started == ("auto-5", "auto-6")
+    assert provider.kinds[4:] == [SPOT, ON_DEMAND], "3 spot of 6, then 3 of 7"
+    assert scaler.model()["spot_share"] == 0.5
+
+
+async def test_without_a_spot_share_every_host_is_the_providers_kind():
+    provider = FakeProvider()
+    await autoscaler(FakeFleet({"h1": (2, 1)}, waiting=4), provider).run_once()
+    assert provider.kinds == [None, None]
+    with pytest.raises(ValueError, match="spot_share must be within"):
+        autoscaler(FakeFleet(), provider, spot_share=1.5)
