@@ -29,6 +29,7 @@ from kernelfleet.gateway.demand import LiveDemand
 from kernelfleet.gateway.events import EventBus
 from kernelfleet.gateway.gpu_settings import GpuSettingsService
 from kernelfleet.gateway.handlers import routes
+from kernelfleet.gateway.host_drains import HostDrains
 from kernelfleet.gateway.host_provider import LocalProcessHostProvider
 from kernelfleet.gateway.hosts import HostRegistry
 from kernelfleet.gateway.jobs.service import JobService
@@ -517,6 +518,7 @@ class GatewayApp(Application):
             tool_workers=self.tool_workers,
             gpu_settings=self.gpu_settings,
             host_registry=self.hosts,
+            host_drains=HostDrains(self.kernels, self.hosts),
             kernelspecs=self.kernelspecs,
             events=self.events,
             policy=self.policy,

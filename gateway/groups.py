@@ -253,16 +253,14 @@ class GroupKeeper:
         async with kernel.lifecycle:
             await self._move(kernel, replica, host)
 
-    async def drain_host(self, host_id: str) -> None:
-        """Move every replica off `host_id`, add-first with state kept, so it can be stopped.
-
-        From the start the host is DRAINING: it takes no new replica and runs no new cell, and
-        it stays so until it is stopped, lost or forgotten (`HostRegistry.forget`). `NotFound`
-        for an unknown host; `Conflict`, before anything moves, if a kernel there has a single
-        replica (it cannot move without losing its state) or a replica is being started there
-        (a migration to it, say: the host is not idle after all). If a move fails the host is
-        ALIVE again, and the error propagates; replicas already moved stay moved."""
+    def check_drainable(self, host_id: str) -> list[tuple[KernelRecord, ReplicaRecord]]:
+        """The replicas `drain_host` would move off `host_id`; `NotFound` for an unknown host,
+        `Conflict` if it is neither alive nor draining already (lost, stopping), a kernel
+        there has a single replica (it cannot move without losing its state), or a replica is
+        being started there (a migration to it, say: the host is not idle after all)."""
         host = self._hosts.get(host_id)
+        if host.state not in (HostState.ALIVE, HostState.DRAINING):
+            raise Conflict(f"host {host_id} is {host.state.value}: it cannot be drained")
         arriving = self._launcher.arriving(host_id)
         if arriving:
             raise Conflict(f"host {host_id} is starting {arriving} replica(s)")
@@ -273,6 +271,19 @@ class GroupKeeper:
                 f"host {host_id} runs single-replica kernel(s) {', '.join(unmovable)}, which "
                 "cannot move without losing their state"
             )
+        return leaving
+
+    async def drain_host(self, host_id: str) -> int:
+        """Move every replica off `host_id`, add-first with state kept, so it can be stopped;
+        return how many moved.
+
+        From the start the host is DRAINING: it takes no new replica and runs no new cell, and
+        it stays so until it is stopped, lost, forgotten (`HostRegistry.forget`) or reopened
+        (`reopen_host`). Refused before anything moves as `check_drainable` says. If a move
+        fails, or the drain is cancelled, the host is ALIVE again and the error propagates;
+        replicas already moved stay moved."""
+        leaving = self.check_drainable(host_id)
+        host = self._hosts.get(host_id)
         if host.state is HostState.ALIVE:
             host.move_to(HostState.DRAINING)
         self._events.publish(EventType.HOST_DRAINING, {"replicas": len(leaving)}, host_id=host_id)
@@ -282,12 +293,20 @@ class GroupKeeper:
                 if self._kernels.is_current(kernel) and replica in kernel.replicas:
                     await self.migrate(kernel.id, replica.id, None)
         except BaseException:
-            if host.state is HostState.DRAINING:
-                host.move_to(HostState.ALIVE)
-            self._capacity.capacity_changed()
+            self.reopen_host(host_id)
             raise
         log.info("host %s drained: %d replica(s) moved away", host_id, len(leaving))
         self._events.publish(EventType.HOST_DRAINED, {"moved": len(leaving)}, host_id=host_id)
+        return len(leaving)
+
+    def reopen_host(self, host_id: str) -> bool:
+        """A DRAINING host takes work again; return whether it was draining."""
+        host = self._hosts.get(host_id)
+        if host.state is not HostState.DRAINING:
+            return False
+        host.move_to(HostState.ALIVE)
+        self._capacity.capacity_changed()
+        return True
 
     def _cells_held(self, kernel: KernelRecord) -> AbstractAsyncContextManager[None]:
         """No cell starts while the body runs (once the running one ended)."""

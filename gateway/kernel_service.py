@@ -686,6 +686,19 @@ class KernelService:
         """Move every replica off `host_id` so it can be stopped (`GroupKeeper.drain_host`)."""
         await self._groups.drain_host(host_id)
 
+    def check_drainable(self, host_id: str) -> int:
+        """How many replicas a drain of `host_id` would move; raises as
+        `GroupKeeper.check_drainable` does."""
+        return len(self._groups.check_drainable(host_id))
+
+    def reopen_host(self, host_id: str) -> bool:
+        """A draining host takes work again (`GroupKeeper.reopen_host`)."""
+        return self._groups.reopen_host(host_id)
+
+    def replicas_on(self, host_id: str) -> int:
+        """How many live replicas run on `host_id`."""
+        return len(self._kernels.live_replicas_on(host_id))
+
     # ---- what the executor chooser asks (its `KernelOps`) ----------------------------------
 
     async def move_replica(self, kernel: KernelRecord, replica: ReplicaRecord, host: str) -> None:

@@ -257,6 +257,22 @@ _SCHEMAS: dict[str, Any] = {
                 "description": "Which user its kernels run as, as its agent last reported; "
                 "null when the agent did not say.",
             },
+            "drain": {
+                **closed_object(
+                    {
+                        "state": {"type": "string", "enum": ["moving", "drained", "failed"]},
+                        "why": {"type": "string"},
+                        "replicas": {"type": "integer", "minimum": 0},
+                        "left": {"type": "integer", "minimum": 0},
+                        "error": {"type": "string", "nullable": True},
+                    }
+                ),
+                "nullable": True,
+                "description": "An operator's drain (`POST .../drain`): `moving` its replicas "
+                "away, `drained` (none is `left`: its agent may be stopped) or `failed` (a "
+                "move failed, `error` says why: the host takes work again); `replicas`: how "
+                "many it had to move. Null: none, or the host takes work again.",
+            },
             "containers": _CONTAINERS,
         }
     ),
@@ -505,6 +521,46 @@ _PATHS: dict[str, Any] = {
                     "the message names the host and that agent's address (`reason`: "
                     "`host-id-taken`)."
                 ),
+            },
+        },
+    },
+    "/api/fleet/hosts/{host_id}/drain": {
+        "parameters": [_HOST_ID],
+        "post": {
+            "operationId": "drainHost",
+            "summary": "Close a host to new work and move its replicas away, state kept, in "
+            "the background (before maintenance, or on a spot host's revocation notice); the "
+            "host's `drain` follows it. A drain under way is answered as it is.",
+            "requestBody": {
+                "required": False,
+                "content": {
+                    "application/json": {
+                        "schema": closed_object(
+                            {"why": {"type": "string", "minLength": 1}}, optional=("why",)
+                        )
+                    }
+                },
+            },
+            "responses": {
+                "202": json_response(ref("Host"), "Closed; its replicas are being moved."),
+                "400": error_response("Not a valid body."),
+                "404": error_response("No such host."),
+                "409": error_response(
+                    "Nothing moved: the host is not alive, runs a single-replica kernel "
+                    "(which cannot move without losing its state), or is starting a replica; "
+                    "the message says which."
+                ),
+                **_AUTH_ERRORS,
+            },
+        },
+        "delete": {
+            "operationId": "reopenHost",
+            "summary": "A drained host (or one whose drain failed) takes work again.",
+            "responses": {
+                "200": json_response(ref("Host"), "It takes work again."),
+                "404": error_response("No such host."),
+                "409": error_response("It is not draining, or its drain still moves replicas."),
+                **_AUTH_ERRORS,
             },
         },
     },

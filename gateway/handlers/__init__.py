@@ -4,6 +4,7 @@ from kernelfleet.gateway.handlers.channels import ChannelsHandler
 from kernelfleet.gateway.handlers.events import FleetEventsHandler, FleetEventsStreamHandler
 from kernelfleet.gateway.handlers.fleet import (
     FleetHandler,
+    FleetHostDrainHandler,
     FleetHostHandler,
     FleetHostsHandler,
     FleetKernelHandler,
@@ -48,6 +49,7 @@ def routes() -> list[tuple[str, type]]:
         (r"/api/fleet/events/stream", FleetEventsStreamHandler),
         (r"/api/fleet/hosts/?", FleetHostsHandler),
         (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/link", HostLinkHandler),
+        (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/drain", FleetHostDrainHandler),
         (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/?", FleetHostHandler),
         (r"/api/fleet/kernels/?", FleetKernelsHandler),
         (rf"/api/fleet/kernels/{_KERNEL_ID}/?", FleetKernelHandler),

@@ -42,6 +42,7 @@ def host_models(handler: GatewayHandler) -> dict[str, dict[str, Any]]:
                 "devices": device_models(handler, host.id),
             },
             "isolation": host.isolation,
+            "drain": handler.settings["host_drains"].model(host.id),
             "containers": None
             if host.containers is None
             else {
@@ -129,6 +130,21 @@ class FleetHostsHandler(GatewayHandler):
 
     def get(self) -> None:
         self.write_json(list(host_models(self).values()))
+
+
+class FleetHostDrainHandler(GatewayHandler):
+    """An operator's drain of a host (`kernelfleet.gateway.host_drains`): the fleet token only."""
+
+    def post(self, host_id: str) -> None:
+        why = self.json_body().get("why", "asked by an operator")
+        if not isinstance(why, str) or not why.strip():
+            raise InvalidRequest("'why' must be a non-empty string, if given")
+        self.settings["host_drains"].start(host_id, why.strip())
+        self.write_json(host_models(self)[host_id], status=202)
+
+    def delete(self, host_id: str) -> None:
+        self.settings["host_drains"].reopen(host_id)
+        self.write_json(host_models(self)[host_id])
 
 
 class FleetHostHandler(GatewayHandler):

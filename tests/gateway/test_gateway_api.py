@@ -109,7 +109,16 @@ def test_admin_api_shows_hosts_and_kernel_replicas(fleet):
     hosts = fleet.api("GET", "/api/fleet/hosts")
     assert {h["id"] for h in hosts} >= {"host-1", "host-2", "host-3"}
     for host in hosts:
-        assert set(host) == {"id", "address", "state", "kind", "gpus", "isolation", "containers"}
+        assert set(host) == {
+            "id",
+            "address",
+            "state",
+            "kind",
+            "gpus",
+            "isolation",
+            "drain",
+            "containers",
+        }
         assert host["containers"] is None  # its agent runs processes only
         assert host["kind"] == "on-demand", "a host agent is on-demand unless told"
         assert host["gpus"]["total"] == 2

@@ -100,6 +100,8 @@ DECISIONS: dict[tuple[str, str], tuple[object, object]] = {
     (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/?", "GET"): (OK, OK),
     (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/?", "PUT"): (FORBIDDEN, FORBIDDEN),
     (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/link", "GET"): (FORBIDDEN, FORBIDDEN),
+    (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/drain", "POST"): (FORBIDDEN, FORBIDDEN),
+    (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/drain", "DELETE"): (FORBIDDEN, FORBIDDEN),
     (r"/api/fleet/kernels/?", "GET"): (FORBIDDEN, FORBIDDEN),
     (r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/?", "GET"): (OK, FORBIDDEN),
     (r"/api/fleet/kernels/(?P<kernel_id>[\w-]+)/migrate/?", "POST"): (OK, FORBIDDEN),
