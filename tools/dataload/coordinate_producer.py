@@ -23,6 +23,7 @@ import os
 import pickle
 import socket
 import sys
+import time
 import traceback
 from collections import deque
 from typing import Any
@@ -32,6 +33,9 @@ from torch.utils.data import DataLoader, Dataset
 from kernelfleet.tools.dataload import tensor_format
 from kernelfleet.tools.dataload.coordinate_batches import write_all, write_batch
 from kernelfleet.tools.dataload.coordinate_wire import Channel, ConnectionClosed
+
+ERROR_LINGER_S = 5.0
+"""Longest wait, after sending an error, for the coordinator to close its end (`_linger`)."""
 
 
 class CountingDataset(Dataset[Any]):
@@ -143,8 +147,23 @@ def main(argv: list[str]) -> int:
             control.send(
                 ("error", f"{headline}\n\nthe producer's traceback:\n{traceback.format_exc()}")
             )
+            _linger(control)
         return 1
     return 0
+
+
+def _linger(control: Channel) -> None:
+    """Wait (a few seconds at most) until the coordinator, told of the error, closes its end.
+    Closing first with its messages unread would reset the connection, and a reset makes the
+    coordinator's kernel drop the error message still unread on its side: the consumers would
+    learn only that the producer died."""
+    control.sock.shutdown(socket.SHUT_WR)
+    deadline = time.monotonic() + ERROR_LINGER_S
+    with contextlib.suppress(OSError):
+        while (remaining := deadline - time.monotonic()) > 0:
+            control.sock.settimeout(remaining)
+            if not control.sock.recv(1 << 16):
+                return
 
 
 if __name__ == "__main__":

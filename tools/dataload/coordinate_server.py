@@ -210,7 +210,7 @@ class Coordinator:
                     self.accept()
                 elif key.data == "producer":
                     self.on_producer_data()
-                else:
+                elif key.data in self.members:  # not dropped by an earlier event of this batch
                     self.on_member_data(key.data)
 
     def stop_producer(self) -> None:
@@ -405,7 +405,7 @@ class Coordinator:
                     self.to_producer(("free", slot))
                     continue
                 self.pending[seq] = Pending(slot, epoch, takers)
-                for member in takers:
+                for member in list(takers):  # a member that stops reading leaves the set
                     self.send(member, message)
             elif kind == "end":
                 for member in [m for m in self.members if m.skipped_through < message[1]]:
