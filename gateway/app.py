@@ -37,6 +37,7 @@ from kernelfleet.gateway.jobs.tokens import JobTokens
 from kernelfleet.gateway.kernel_service import KernelService
 from kernelfleet.gateway.kernel_tokens import KernelTokens
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog, container_kernelspecs
+from kernelfleet.gateway.loop_lag import probe_loop_lag
 from kernelfleet.gateway.objects_gc import KernelObjectsCollector
 from kernelfleet.gateway.records import ReplicationSettings
 from kernelfleet.gateway.store import KernelStore, StateUnreadable
@@ -520,6 +521,7 @@ class GatewayApp(Application):
         job_rounds = asyncio.create_task(self.jobs.run(stop))
         tool_workers = asyncio.create_task(self.tool_workers.run(stop))
         pool = asyncio.create_task(self.kernels.pool.run())
+        loop_lag = asyncio.create_task(probe_loop_lag(self.kernels.metrics.loop_lag))
         scaling = None
         if provider is not None:
             self.autoscaler = self._autoscaler(provider)
@@ -535,6 +537,7 @@ class GatewayApp(Application):
         job_rounds.cancel()
         tool_workers.cancel()
         pool.cancel()
+        loop_lag.cancel()
         if scaling is not None:
             scaling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
