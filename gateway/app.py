@@ -43,6 +43,7 @@ from kernelfleet.gateway.records import ReplicationSettings
 from kernelfleet.gateway.store import KernelStore, StateUnreadable
 from kernelfleet.gateway.tool_workers import KernelServiceCells, ToolWorkerService
 from kernelfleet.kernels.objectstore import prepare_shared_root
+from kernelfleet.limits import GATEWAY_FILES_PER_KERNEL, raise_open_files_limit
 from kernelfleet.privileges import mark_non_dumpable
 from kernelfleet.runtime_file import GatewayRuntime, remove_runtime, write_runtime
 from kernelfleet.scheduler import AutoscaleConfig, StateSync, load_policy
@@ -332,6 +333,7 @@ class GatewayApp(Application):
         super().initialize(argv)
         mark_non_dumpable()
         self.init_logging()
+        self.init_open_files()
         self.init_state_dir()
         self.init_services()
         self.init_kernels()
@@ -342,6 +344,14 @@ class GatewayApp(Application):
         level = cast(int, self.log_level)
         logging.basicConfig(level=level, format=LOG_FORMAT)
         logging.getLogger("kernelfleet").setLevel(level)
+
+    def init_open_files(self) -> None:
+        """Raise the open-files limit: each kernel holds some of the gateway's descriptors
+        (`kernelfleet.limits`)."""
+        limit = raise_open_files_limit()
+        if limit is not None:
+            holds = limit.after // GATEWAY_FILES_PER_KERNEL
+            limit.log(log, f"the gateway holds about {holds} kernels of 3 replicas")
 
     def init_state_dir(self) -> None:
         """The state folder (0711: kernels reach the object store and autoscaled hosts' folders

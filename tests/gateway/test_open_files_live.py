@@ -1,0 +1,77 @@
+"""A gateway and a host agent started with a low soft limit of open files (1024 is common on
+Linux; 256 here, to need few kernels) raise it to their hard limit, so that they hold more
+kernels than the soft limit allows: each kernel holds ~11 of the gateway's descriptors with one
+replica. Before, the 21st kernel or so failed with EMFILE at a soft limit of 256 (every ZMQ
+socket and websocket past the limit) and the gateway's accept loop spun on the error."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelfleet.testing import TOKEN, Fleet
+
+SOFT = 256
+KERNELS = 30  # ~11 descriptors each: ~350 in the gateway, beyond SOFT
+LOW_SOFT_LIMIT = ("prlimit", f"--nofile={SOFT}:", "--")  # execs: the process keeps its pid
+
+
+def soft_limit_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return int(line.split()[3])
+    raise AssertionError(f"no open files limit for {pid}")
+
+
+@pytest.mark.parametrize(("soft", "hard"), [(SOFT, 2048), (2048, 2048)])
+def test_raising_sets_the_soft_limit_to_the_hard_one(soft: int, hard: int) -> None:
+    script = (
+        "import resource; from kernelfleet.limits import raise_open_files_limit; "
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard})); "
+        "l = raise_open_files_limit(); print(l.before, l.after, l.hard, "
+        "resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(soft), str(hard), str(hard), str(hard)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_gateway_started_with_a_low_soft_limit_holds_more_kernels(tmp_path: Path) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 4 * SOFT:
+        pytest.skip(f"the hard limit ({hard}) leaves no room above {SOFT}")
+    fleet = Fleet(state_dir=tmp_path, token=TOKEN, env={})
+    try:
+        fleet.start_gateway("--replicas", "1", launcher=LOW_SOFT_LIMIT)
+        fleet.start_host("host-1", 2, launcher=LOW_SOFT_LIMIT)
+        assert fleet.gateway is not None
+        assert soft_limit_of(fleet.gateway.pid) == hard
+        assert soft_limit_of(fleet.hosts["host-1"].pid) == hard
+        assert f"open files limit raised from {SOFT} to {hard}" in fleet.log("gateway")
+        asyncio.run(open_kernels_and_run_a_cell_in_each(fleet, KERNELS))
+        assert "Too many open files" not in fleet.log("gateway")
+    finally:
+        fleet.stop()
+
+
+async def open_kernels_and_run_a_cell_in_each(fleet: Fleet, count: int) -> None:
+    """`count` kernels, all with a websocket open at once, each answering a cell."""
+    kernels = []
+    try:
+        for _ in range(count):
+            kernel_id = await asyncio.to_thread(fleet.start_kernel)
+            kernels.append(await fleet.connect(kernel_id))
+        replies = await asyncio.gather(
+            *(kernel.execute("x = 1", timeout=120) for kernel in kernels)
+        )
+        assert [reply.reply["status"] for reply in replies] == ["ok"] * count
+    finally:
+        for kernel in kernels:
+            kernel.close()
