@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import zmq
 import zmq.asyncio
 
 from kernelfleet.errors import (
@@ -58,6 +59,7 @@ from kernelfleet.gateway.ledger import GpuLedger
 from kernelfleet.gateway.links import KernelLinker
 from kernelfleet.gateway.metrics import FleetMetrics
 from kernelfleet.gateway.reconciler import HostReconciler
+from kernelfleet.limits import max_sockets
 from kernelfleet.gateway.records import (
     KernelRecord,
     ReplicaRecord,
@@ -106,6 +108,7 @@ class KernelService:
         """Issues each kernel its token (given to its replicas) and checks those presented;
         None: kernels get no token, and none is accepted."""
         self._context = zmq.asyncio.Context()
+        self._context.set(zmq.MAX_SOCKETS, max_sockets(self._context.get(zmq.SOCKET_LIMIT)))
         self.metrics = metrics or FleetMetrics()
         self.events = events or EventBus()
         self.ledger = GpuLedger(check_ledger, self._ledger_breached)

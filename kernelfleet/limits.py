@@ -1,4 +1,4 @@
-"""The open-files limit the gateway and the host agents raise for themselves at start.
+"""How many files and ZMQ sockets the gateway and the host agents may hold: raised at start.
 
 Every kernel costs the gateway file descriptors: its clients' websockets, a ZMQ socket per
 channel of each replica and the signalling descriptors ZMQ keeps beside each socket. Measured by
@@ -7,6 +7,12 @@ replica and about 30 for one of three. A host agent holds about 3 per replica. M
 start processes with a soft limit of 1024 open files and a hard limit far above it; at 1024 a
 gateway stopped at about 90 one-replica or 33 three-replica kernels: every later ZMQ socket,
 websocket and accepted connection failed with ``EMFILE`` ("Too many open files").
+
+ZMQ adds a limit of its own: a context holds at most 1023 sockets unless told otherwise. The
+gateway's context holds 2 per replica (its output, its heartbeat) and 3 more per replica for
+each client's websocket (shell, control, stdin): with one websocket a kernel, 5 a kernel of one
+replica, 15 a kernel of three, so at 1023 about 200 and 68 kernels. `max_sockets` sizes it to
+the open-files limit instead, which bounds it anyway (every socket holds a descriptor).
 
 `raise_open_files_limit` lifts the soft limit to the hard one, which any process may do; the
 processes these start (replicas) inherit it. It changes nothing where the soft limit is already
@@ -73,3 +79,13 @@ def raise_open_files_limit() -> OpenFilesLimit | None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     after, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return OpenFilesLimit(soft, after, hard)
+
+
+def max_sockets(socket_limit: int) -> int:
+    """The sockets a ZMQ context of this process may hold: as many as it may open files, up to
+    the library's own `socket_limit` (``zmq.SOCKET_LIMIT``); 1023, ZMQ's default, without
+    ``resource``."""
+    if resource is None:
+        return min(1023, socket_limit)
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return socket_limit if soft == resource.RLIM_INFINITY else min(soft, socket_limit)

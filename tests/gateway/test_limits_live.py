@@ -1,8 +1,12 @@
-"""A gateway and a host agent started with a low soft limit of open files (1024 is common on
-Linux; 256 here, to need few kernels) raise it to their hard limit, so that they hold more
-kernels than the soft limit allows: each kernel holds ~11 of the gateway's descriptors with one
-replica. Before, the 21st kernel or so failed with EMFILE at a soft limit of 256 (every ZMQ
-socket and websocket past the limit) and the gateway's accept loop spun on the error."""
+"""The limits on what the gateway holds per kernel, raised so that it holds hundreds.
+
+A gateway and a host agent started with a low soft limit of open files (1024 is common on Linux;
+256 here, to need few kernels) raise it to their hard limit: each kernel holds ~11 of the
+gateway's descriptors with one replica. Before, the 21st kernel or so failed with EMFILE at a
+soft limit of 256 (every ZMQ socket and websocket past the limit) and the gateway's accept loop
+spun on the error. And the gateway's ZMQ context holds more than ZMQ's default of 1023 sockets:
+3 per replica for each client websocket, 2 more per replica.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from kernelfleet.limits import max_sockets
 from kernelfleet.testing import TOKEN, Fleet
 
 SOFT = 256
@@ -39,6 +44,45 @@ def test_raising_sets_the_soft_limit_to_the_hard_one(soft: int, hard: int) -> No
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(soft), str(hard), str(hard), str(hard)]
+
+
+def test_a_zmq_context_may_hold_as_many_sockets_as_files() -> None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert max_sockets(65535) == min(soft, 65535)
+    assert max_sockets(100) == min(soft, 100)
+
+
+WEBSOCKETS = 360  # 3 ZMQ sockets each on a kernel of one replica: beyond ZMQ's default 1023
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_gateway_holds_more_zmq_sockets_than_zmq_allows_by_default(tmp_path: Path) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 8 * WEBSOCKETS:
+        pytest.skip(f"the hard limit of open files ({hard}) is below what this test opens")
+    fleet = Fleet(state_dir=tmp_path, token=TOKEN, env={})
+    try:
+        fleet.start_gateway("--replicas", "1")
+        fleet.start_host("host-1", 2)
+        asyncio.run(open_websockets_to_one_kernel(fleet, WEBSOCKETS))
+        assert "Too many open files" not in fleet.log("gateway")
+    finally:
+        fleet.stop()
+
+
+async def open_websockets_to_one_kernel(fleet: Fleet, count: int) -> None:
+    """`count` websockets to one kernel, all open at once; the first and the last run a cell."""
+    kernel_id = await asyncio.to_thread(fleet.start_kernel)
+    clients = []
+    try:
+        for _ in range(count):
+            clients.append(await fleet.connect(kernel_id))
+        for client in (clients[-1], clients[0]):
+            assert (await client.execute("x = 1", timeout=60)).reply["status"] == "ok"
+    finally:
+        for client in clients:
+            client.close()
 
 
 @pytest.mark.slow
