@@ -17,7 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import zmq
+from jupyter_client.kernelspec import KernelSpecManager
 
+from kernelfleet.kernels.agent.replicas import ReplicaTable
 from kernelfleet.limits import max_sockets
 from kernelfleet.testing import TOKEN, Fleet
 
@@ -50,6 +53,18 @@ def test_a_zmq_context_may_hold_as_many_sockets_as_files() -> None:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert max_sockets(65535) == min(soft, 65535)
     assert max_sockets(100) == min(soft, 100)
+
+
+async def test_a_host_agent_holds_as_many_zmq_sockets_as_files(tmp_path: Path) -> None:
+    """Each replica's kernel manager keeps a control socket in the agent's one context."""
+    table = ReplicaTable(
+        state_dir=tmp_path, kernel_spec_manager=KernelSpecManager(), root_dir=tmp_path
+    )
+    try:
+        context = table._zmq_context
+        assert context.get(zmq.MAX_SOCKETS) == max_sockets(context.get(zmq.SOCKET_LIMIT))
+    finally:
+        await table.stop_all(grace=5)
 
 
 WEBSOCKETS = 360  # 3 ZMQ sockets each on a kernel of one replica: beyond ZMQ's default 1023
