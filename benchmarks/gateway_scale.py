@@ -212,9 +212,13 @@ class OpenKernel:
         if result.reply.get("status") != "ok":
             raise RuntimeError(f"kernel {self.id}: the cell failed: {result.reply}")
 
-    async def cell_due(self, due: float) -> float:
-        """Run the cell; seconds from `due` (loop time) to its reply and idle status."""
-        await self.cell()
+    async def cell_due(self, due: float) -> float | str:
+        """Run the cell; seconds from `due` (loop time) to its reply and idle status, or why
+        it failed (a failed cell is counted, and the stream goes on)."""
+        try:
+            await self.cell()
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
         return asyncio.get_running_loop().time() - due
 
 
@@ -343,9 +347,15 @@ async def stream(kernels: list[OpenKernel], rate: float, seconds: float) -> dict
         due = began + i / rate
         await asyncio.sleep(max(0.0, due - loop.time()))
         running.append(asyncio.ensure_future(kernels[i % len(kernels)].cell_due(due)))
-    round_trips = await asyncio.gather(*running)
+    outcomes = await asyncio.gather(*running)
+    round_trips = [t for t in outcomes if isinstance(t, float)]
+    failures = [t for t in outcomes if isinstance(t, str)]
+    if not round_trips:
+        raise RuntimeError(f"every cell of the stream failed: {failures[:3]}")
     return {
-        **latencies_ms(list(round_trips)),
+        **latencies_ms(round_trips),
+        "failed": len(failures),
+        "failures": sorted(set(failures))[:5],
         "rate_per_s": rate,
         "achieved_rate_per_s": cells / (loop.time() - began),
         "kernels": len(kernels),
@@ -525,6 +535,7 @@ def render_fleet(label: str, fleet: dict[str, Any]) -> list[str]:
     c1, cn = one["cells_ms"], many["cells_ms"]
     row(f"cell round trip p50 ({cn['n']} cells)", c1["p50"], cn["p50"], "ms")
     row("cell round trip p99", c1["p99"], cn["p99"], "ms")
+    row("cells that failed", c1["failed"], cn["failed"])
     for window in ("idle", "stream"):
         g1, gn = one[window]["gateway"], many[window]["gateway"]
         row(f"gateway CPU, {window} (% of a core)", g1["cpu_percent"], gn["cpu_percent"], "%")
@@ -569,7 +580,11 @@ def render(report: dict[str, Any]) -> str:
         f"{load['after']:.1f}",
     ]
     for label, fleet in report["fleets"].items():
-        lines += render_fleet(label, fleet)
+        lines += (
+            [f"\n{label}: FAILED: {fleet['error']}"]
+            if "error" in fleet
+            else render_fleet(label, fleet)
+        )
     return "\n".join(lines)
 
 
@@ -626,7 +641,11 @@ async def benchmark(root: Path, args: argparse.Namespace) -> dict[str, dict[str,
         )
         try:
             results[label] = await measure_fleet(fleet, count, args, label)
+        except Exception as e:  # the other fleet's figures still count; this one says why
+            progress(f"{label}: failed: {type(e).__name__}: {e}")
+            results[label] = {"error": f"{type(e).__name__}: {e}"[:2000]}
         finally:
+            progress(f"{label}: host losses in the gateway's log: {host_losses(fleet)}")
             fleet.stop()
     return results
 
