@@ -59,7 +59,6 @@ from kernelfleet.gateway.ledger import GpuLedger
 from kernelfleet.gateway.links import KernelLinker
 from kernelfleet.gateway.metrics import FleetMetrics
 from kernelfleet.gateway.reconciler import HostReconciler
-from kernelfleet.limits import max_sockets
 from kernelfleet.gateway.records import (
     KernelRecord,
     ReplicaRecord,
@@ -69,6 +68,7 @@ from kernelfleet.gateway.records import (
     start_facts,
 )
 from kernelfleet.gateway.store import KernelStore
+from kernelfleet.limits import max_sockets
 from kernelfleet.protocol import ErrorName
 from kernelfleet.scheduler import FleetSnapshot, Policy
 from kernelfleet.scheduler.usage import UsageWindow
