@@ -5,7 +5,7 @@ applying heartbeats. A callback that holds the loop (a large JSON dump, an fsync
 every kernel) delays every frame and heartbeat queued behind it. `probe_loop_lag` sees such
 stalls from outside: it sleeps a fixed interval again and again and records, into a histogram
 (``kernelfleet_event_loop_lag_seconds`` on ``/metrics``), how much later than asked it woke.
-A stall of S seconds shows as one sample of about S, taken within one interval of its end.
+A stall of S seconds shows as one sample between S minus one interval and S, taken at its end.
 """
 
 from __future__ import annotations
