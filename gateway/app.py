@@ -38,11 +38,13 @@ from kernelfleet.gateway.jobs.tokens import JobTokens
 from kernelfleet.gateway.kernel_service import KernelService
 from kernelfleet.gateway.kernel_tokens import KernelTokens
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog, container_kernelspecs
+from kernelfleet.gateway.loop_lag import probe_loop_lag
 from kernelfleet.gateway.objects_gc import KernelObjectsCollector
 from kernelfleet.gateway.records import ReplicationSettings
 from kernelfleet.gateway.store import KernelStore, StateUnreadable
 from kernelfleet.gateway.tool_workers import KernelServiceCells, ToolWorkerService
 from kernelfleet.kernels.objectstore import prepare_shared_root
+from kernelfleet.limits import GATEWAY_FILES_PER_KERNEL, raise_open_files_limit
 from kernelfleet.privileges import mark_non_dumpable
 from kernelfleet.runtime_file import GatewayRuntime, remove_runtime, write_runtime
 from kernelfleet.scheduler import AutoscaleConfig, StateSync, load_policy
@@ -369,6 +371,7 @@ class GatewayApp(Application):
         super().initialize(argv)
         mark_non_dumpable()
         self.init_logging()
+        self.init_open_files()
         self.init_state_dir()
         self.init_services()
         self.init_kernels()
@@ -379,6 +382,14 @@ class GatewayApp(Application):
         level = cast(int, self.log_level)
         logging.basicConfig(level=level, format=LOG_FORMAT)
         logging.getLogger("kernelfleet").setLevel(level)
+
+    def init_open_files(self) -> None:
+        """Raise the open-files limit: each kernel holds some of the gateway's descriptors
+        (`kernelfleet.limits`)."""
+        limit = raise_open_files_limit()
+        if limit is not None:
+            holds = limit.after // GATEWAY_FILES_PER_KERNEL
+            limit.log(log, f"the gateway holds about {holds} kernels of 3 replicas")
 
     def init_state_dir(self) -> None:
         """The state folder (0711: kernels reach the object store and autoscaled hosts' folders
@@ -562,6 +573,7 @@ class GatewayApp(Application):
         job_rounds = asyncio.create_task(self.jobs.run(stop))
         tool_workers = asyncio.create_task(self.tool_workers.run(stop))
         pool = asyncio.create_task(self.kernels.pool.run())
+        loop_lag = asyncio.create_task(probe_loop_lag(self.kernels.metrics.loop_lag))
         scaling = None
         if provider is not None:
             self.autoscaler = self._autoscaler(provider)
@@ -577,6 +589,7 @@ class GatewayApp(Application):
         job_rounds.cancel()
         tool_workers.cancel()
         pool.cancel()
+        loop_lag.cancel()
         if scaling is not None:
             scaling.cancel()
             with contextlib.suppress(asyncio.CancelledError):

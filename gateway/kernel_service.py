@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import zmq
 import zmq.asyncio
 
 from kernelfleet.errors import (
@@ -67,6 +68,7 @@ from kernelfleet.gateway.records import (
     start_facts,
 )
 from kernelfleet.gateway.store import KernelStore
+from kernelfleet.limits import max_sockets
 from kernelfleet.protocol import ErrorName
 from kernelfleet.scheduler import FleetSnapshot, Policy
 from kernelfleet.scheduler.arrivals import ArrivalWindow
@@ -107,6 +109,7 @@ class KernelService:
         """Issues each kernel its token (given to its replicas) and checks those presented;
         None: kernels get no token, and none is accepted."""
         self._context = zmq.asyncio.Context()
+        self._context.set(zmq.MAX_SOCKETS, max_sockets(self._context.get(zmq.SOCKET_LIMIT)))
         self.metrics = metrics or FleetMetrics()
         self.events = events or EventBus()
         self.ledger = GpuLedger(check_ledger, self._ledger_breached)

@@ -21,7 +21,9 @@ from prometheus_client.metrics_core import Metric
 
 __all__ = [
     "CELL_START_BUCKETS",
+    "HOST_REPORT_BUCKETS",
     "KERNEL_START_BUCKETS",
+    "LOOP_LAG_BUCKETS",
     "MIGRATION_OUTCOMES",
     "START_SOURCES",
     "FleetMetrics",
@@ -61,6 +63,8 @@ class MetricsRegistry(CollectorRegistry):
 
 
 CELL_START_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+HOST_REPORT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 KERNEL_START_BUCKETS = (0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120)
 MIGRATION_OUTCOMES = ("succeeded", "failed")
 START_SOURCES = ("cold", "pool")
@@ -79,7 +83,9 @@ class FleetMetrics:
     ``migration_time`` per replica moved, from asking to the new replica caught up and the old
     one gone; ``scale_out_time`` per host the autoscaler started, until its agent listens;
     ``ledger_breaches`` per breach a checked `GpuLedger` finds; ``kernel_starts`` per kernel
-    started, by source; ``pool_ready`` whenever the warm pool gains or loses a group.
+    started, by source; ``pool_ready`` whenever the warm pool gains or loses a group;
+    ``loop_lag`` ten times a second, how late the event loop woke a sleeper
+    (`kernelfleet.gateway.loop_lag`); ``host_report`` per heartbeat, the time to apply it.
     """
 
     def __init__(self, registry: MetricsRegistry | None = None) -> None:
@@ -172,6 +178,19 @@ class FleetMetrics:
             "kernelfleet_scale_out_seconds",
             "Time for the autoscaler to start a host, until its agent listens.",
             buckets=KERNEL_START_BUCKETS,
+            registry=r,
+        )
+
+        self.loop_lag = Histogram(
+            "kernelfleet_event_loop_lag_seconds",
+            "How much later than due the gateway's event loop woke a periodic probe.",
+            buckets=LOOP_LAG_BUCKETS,
+            registry=r,
+        )
+        self.host_report = Histogram(
+            "kernelfleet_host_report_seconds",
+            "Time to apply one host agent's heartbeat (its report of GPUs and replicas).",
+            buckets=HOST_REPORT_BUCKETS,
             registry=r,
         )
 

@@ -26,6 +26,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "kernelfleet.states": (),
     "kernelfleet.runtime_file": (),
     "kernelfleet.privileges": (),
+    "kernelfleet.limits": (),
     "kernelfleet.stage_log": (),
     "kernelfleet.raft": SHARED,
     "kernelfleet.scheduler": SHARED,
@@ -35,6 +36,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "kernelfleet.web",
         "kernelfleet.runtime_file",
         "kernelfleet.privileges",
+        "kernelfleet.limits",
         "kernelfleet.scheduler",
         "kernelfleet.raft",
         "kernelfleet.kernels.agent.client",
@@ -46,6 +48,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "kernelfleet.web",
         "kernelfleet.runtime_file",
         "kernelfleet.privileges",
+        "kernelfleet.limits",
         "kernelfleet.scheduler.hostkinds",  # the kinds a host may announce (on-demand, spot)
     ),
     "kernelfleet.kernels.replica": (

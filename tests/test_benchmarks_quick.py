@@ -156,3 +156,61 @@ def test_namespace_diff_times_every_cell_and_sends_only_what_changed(tmp_path: P
     assert all(cell["diff_ms"] > 0 and cell["encode_ms"] > 0 for cell in summary["cells"])
     assert summary["sent_bytes"] == sum(cell["sent_bytes"] for cell in summary["cells"]) > 0
     assert "sum" in result.stdout
+
+
+SCALE_SCRIPT = SCRIPT.with_name("gateway_scale.py")
+MAY_BE_ZERO = {"cpu_percent", "failed", "host_losses"}
+"""Figures that are truly 0 on a quiet run: an agent idle for 2 s uses less than a clock tick."""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_gateway_scale_quick_writes_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    done = subprocess.run(
+        [sys.executable, str(SCALE_SCRIPT), "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    parameters = report["parameters"]
+    cells = round(parameters["rate"] * parameters["stream_seconds"])
+    expected = {"single": (1, 1, parameters["kernels"]), "replicated": (3, 3, 2)}
+    assert report["fleets"].keys() == expected.keys()
+    for label, (hosts, replicas, kernels) in expected.items():
+        fleet = report["fleets"][label]
+        assert (fleet["hosts"], fleet["replicas"]) == (hosts, replicas), label
+        assert fleet["start"]["kernels_started"] == kernels, fleet["start"]
+        assert fleet["start"]["stopped_early"] is None
+        assert fleet["memory"]["processes"] == kernels * replicas, "one process per replica"
+        for scale, count in (("one_kernel", 1), ("many_kernels", kernels)):
+            figures_at = fleet[scale]
+            assert figures_at["kernels"] == count
+            assert figures_at["cells_ms"]["n"] == cells
+            for window in ("idle", "stream"):
+                assert len(figures_at[window]["agents"]) == hosts, "every agent measured"
+                assert figures_at[window]["loop_lag"]["samples"] > 0, "the probe ran"
+                assert figures_at[window]["host_reports"]["samples"] > 0, "heartbeats counted"
+        assert set(fleet["ratios"]) == {"p50", "p99"}
+
+    measured = [
+        (path, value)
+        for path, value in figures(report)
+        if path.split("/")[1] == "fleets" and "/failures/" not in path
+    ]
+    assert len(measured) > 200
+    for path, value in measured:
+        name = path.rsplit("/", 1)[1]
+        if value is None:  # beyond the top bucket, or no early stop
+            assert name in ("stopped_early", "p50_le_ms", "p99_le_ms"), path
+            continue
+        assert isinstance(value, int | float), path
+        assert math.isfinite(value), path
+        if name in MAY_BE_ZERO or name.startswith("over_"):
+            assert value >= 0, f"{path} = {value}"
+        else:
+            assert value > 0, f"{path} = {value}"
+    assert "cell round trip p50" in done.stdout

@@ -174,7 +174,8 @@ class FleetHostHandler(GatewayHandler):
     def put(self, host_id: str) -> None:
         """A host agent's registration and heartbeat (one idempotent call); 409 if another
         live agent is this host (`HostRegistry.report`)."""
-        host = self.hosts.report(host_id, self.json_body(), now=time.monotonic())
+        with self.kernels.metrics.host_report.time():
+            host = self.hosts.report(host_id, self.json_body(), now=time.monotonic())
         self.write_json({"id": host.id, "state": host.liveness})
 
 

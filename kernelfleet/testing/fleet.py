@@ -64,9 +64,9 @@ class Fleet:
         and env, logging to ``<state_dir>/<label>.log``."""
         return spawn_kernelfleet(args, self.log_path(label), self.token, self.env, launcher)
 
-    def start_gateway(self, *args: str, port: int = 0) -> None:
-        """Start the gateway on `ip`:`port` (0: the system picks) and wait until it listens
-        (its runtime file names it) and its API answers.
+    def start_gateway(self, *args: str, port: int = 0, launcher: Sequence[str] = ()) -> None:
+        """Start the gateway (run by `launcher`, if any) on `ip`:`port` (0: the system picks)
+        and wait until it listens (its runtime file names it) and its API answers.
 
         Without a warm pool unless `args` ask for one (``--GatewayApp.kernel_pool_size=N``):
         an idle pooled group would cost every test its processes, and tests that count a
@@ -76,7 +76,7 @@ class Fleet:
         state_dir = self.state_dir / "gateway"
         gateway = self.gateway = self.spawn(
             "gateway", "gateway", "--ip", self.ip, "--port", str(port),
-            "--state-dir", str(state_dir), *args,
+            "--state-dir", str(state_dir), *args, launcher=launcher,
         )  # fmt: skip
 
         def listening() -> bool:

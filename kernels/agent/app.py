@@ -80,6 +80,7 @@ from kernelfleet.kernels.agent.jobs import JobTable
 from kernelfleet.kernels.agent.kernel_process import KernelUser, choose_isolation
 from kernelfleet.kernels.agent.replicas import ID_PATTERN, ReplicaState, ReplicaTable
 from kernelfleet.kernels.agent.tool_workers import WorkerTable
+from kernelfleet.limits import AGENT_FILES_PER_REPLICA, raise_open_files_limit
 from kernelfleet.privileges import mark_non_dumpable
 from kernelfleet.runtime_file import AgentRuntime, remove_runtime, write_runtime
 from kernelfleet.scheduler.hostkinds import HOST_KINDS, ON_DEMAND
@@ -526,6 +527,10 @@ class HostAgentApp(Application):
         memory, where the fleet token is."""
         if not mark_non_dumpable():
             self.log.info("could not mark the agent non-dumpable (not Linux?)")
+        limit = raise_open_files_limit()  # each replica holds some of the agent's descriptors
+        if limit is not None:
+            holds = limit.after // AGENT_FILES_PER_REPLICA
+            limit.log(self.log, f"the agent holds about {holds} replicas")
 
     def init_token(self) -> None:
         if not self.token:

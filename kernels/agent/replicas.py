@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
+import zmq
 import zmq.asyncio
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
@@ -55,6 +56,7 @@ from kernelfleet.kernels.agent.kernel_process import (
     wait_ready,
 )
 from kernelfleet.kernels.agent.ports import free_ports
+from kernelfleet.limits import max_sockets
 from kernelfleet.privileges import not_writable_by
 from kernelfleet.protocol import CONNECTION_KEYS, ReplicaEnv
 from kernelfleet.states import Transitions, check_transition
@@ -342,7 +344,9 @@ class ReplicaTable:
         self._zmq_context = zmq.asyncio.Context()
         """Every kernel manager's and readiness client's sockets, for the agent's life: a
         context of their own would be terminated as they close, and terminating one blocks the
-        event loop while libzmq winds down a connection to a port someone else holds."""
+        event loop while libzmq winds down a connection to a port someone else holds. Each
+        manager keeps a control socket: more than ZMQ's default 1023 on a large host."""
+        self._zmq_context.set(zmq.MAX_SOCKETS, max_sockets(self._zmq_context.get(zmq.SOCKET_LIMIT)))
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -62,6 +62,15 @@ CELL_BOUNDS = ("0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2
 CELL_BOUNDS += ("10.0", "30.0", "60.0", "300.0", "900.0", "+Inf")
 KERNEL_BOUNDS = ("0.25", "0.5", "1.0", "2.0", "3.0", "5.0", "10.0", "20.0", "30.0", "60.0")
 KERNEL_BOUNDS += ("120.0", "+Inf")
+LAG_BOUNDS = ("0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0")
+LAG_BOUNDS += ("2.5", "5.0", "+Inf")
+REPORT_BOUNDS = ("0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25")
+REPORT_BOUNDS += ("0.5", "1.0", "+Inf")
+BOUNDS = {
+    "kernelfleet_cell_start_delay_seconds": CELL_BOUNDS,
+    "kernelfleet_event_loop_lag_seconds": LAG_BOUNDS,
+    "kernelfleet_host_report_seconds": REPORT_BOUNDS,
+}
 FAMILIES = {  # as the gateway exported them before prometheus_client, HELP texts unescaped
     "kernelfleet_total_gpus": ("gauge", "GPUs on alive hosts."),
     "kernelfleet_committed_gpus": ("gauge", "GPUs bound to running cells now."),
@@ -110,17 +119,25 @@ FAMILIES = {  # as the gateway exported them before prometheus_client, HELP text
         "histogram",
         "Time for the autoscaler to start a host, until its agent listens.",
     ),
+    # added since (issue 16, scale): not in the exposition before prometheus_client
+    "kernelfleet_event_loop_lag_seconds": (
+        "histogram",
+        "How much later than due the gateway's event loop woke a periodic probe.",
+    ),
+    "kernelfleet_host_report_seconds": (
+        "histogram",
+        "Time to apply one host agent's heartbeat (its report of GPUs and replicas).",
+    ),
 }
 
 
 def expected_series() -> set[tuple[str, tuple[tuple[str, str], ...]]]:
-    """Every (sample name, labels) the gateway exported before prometheus_client."""
+    """Every (sample name, labels) the gateway exports (those it exported before
+    prometheus_client, and the two histograms added since)."""
     series: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     for name, (kind, _) in FAMILIES.items():
         if kind == "histogram":
-            bounds = (
-                CELL_BOUNDS if name == "kernelfleet_cell_start_delay_seconds" else KERNEL_BOUNDS
-            )
+            bounds = BOUNDS.get(name, KERNEL_BOUNDS)
             series.update((f"{name}_bucket", (("le", bound),)) for bound in bounds)
             series.update({(f"{name}_sum", ()), (f"{name}_count", ())})
         elif name == "kernelfleet_migrations_total":
