@@ -48,8 +48,12 @@ def up(tmp_path_factory):
         process.kill()
         pytest.fail(f"kernelfleet up printed {line!r}{process.stdout.read()}")
     yield process, match["url"], match["token"], cwd
-    if process.poll() is None:
-        process.kill()
+    if process.poll() is None:  # the test failed before stopping it: SIGTERM stops its children
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 @pytest.fixture
