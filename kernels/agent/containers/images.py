@@ -1,5 +1,7 @@
 """The kernel image: a user's base image plus kernelfleet's replica kernel (`Containerfile`),
-and the kernelspec that runs kernels in it.
+and the kernelspec that runs kernels in it. The same recipe with every one of kernelfleet's
+requirements (`fleet_requirements`) makes the fleet image the gateway and host agents of a
+Compose deployment run (`deploy/compose.yaml`, docs/deploy.md).
 
 `build_kernel_image` checks the base image (on the engine, never pulled; it must run
 ``python3`` of this machine's Python version, since the wheels are made here), assembles the
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import docker.errors
+from packaging.requirements import Requirement
 
 import kernelfleet
 from kernelfleet.kernels.agent.containers.engine import LABEL_PREFIX, UNREACHABLE, Engine
@@ -49,6 +52,20 @@ KERNEL_REQUIREMENTS = (
 )
 """What the replica kernel imports besides the standard library (pinned to this machine's
 versions, so the image speaks as the fleet does)."""
+
+
+def fleet_requirements() -> tuple[str, ...]:
+    """What the gateway and a host agent import: kernelfleet's own requirements (its installed
+    metadata's, extras left out), and the kernel's, since an agent runs kernels beside it."""
+    names = list(KERNEL_REQUIREMENTS)
+    for line in importlib.metadata.requires("kernelfleet") or []:
+        requirement = Requirement(line)
+        wanted = requirement.marker is None or requirement.marker.evaluate({"extra": ""})
+        if wanted and requirement.name not in names:
+            names.append(requirement.name)
+    return tuple(names)
+
+
 _SKIPPED = {"__pycache__", "node_modules", "labextension", "src", "style"}
 """Folders of the package the kernel never reads (the JupyterLab extension's sources)."""
 
@@ -67,10 +84,18 @@ class BuiltImage:
 
 
 def build_kernel_image(
-    engine: Engine, base: str, tag: str, *, log: Any = print, pip: str = sys.executable
+    engine: Engine,
+    base: str,
+    tag: str,
+    *,
+    log: Any = print,
+    pip: str = sys.executable,
+    requirements: tuple[str, ...] = KERNEL_REQUIREMENTS,
 ) -> BuiltImage:
-    """Build (or find) the kernel image `tag` from `base`; `ImageBuildError` when the base
-    image is missing, has no python3 or another Python version, or the build fails."""
+    """Build (or find) the kernel image `tag` from `base`, with kernelfleet and
+    `requirements` (pinned to this machine's versions; `fleet_requirements()` for the fleet
+    image); `ImageBuildError` when the base image is missing, has no python3 or another Python
+    version, or the build fails."""
     client = engine.client()
     try:
         base_id = client.images.get(base).id
@@ -84,7 +109,7 @@ def build_kernel_image(
     _check_python(client, base)
     with tempfile.TemporaryDirectory(prefix="kernelfleet-image-") as folder:
         context = Path(folder)
-        _assemble_context(context, pip, log)
+        _assemble_context(context, pip, log, requirements)
         recipe_hash = _content_hash(context, extra=f"{base_id}\n")
         try:
             existing = client.images.get(tag)
@@ -145,13 +170,15 @@ def _check_python(client: Any, base: str) -> None:
         )
 
 
-def _assemble_context(context: Path, pip: str, log: Any) -> None:
-    """Containerfile, and wheels/: kernelfleet, the kernel's requirements, pip.whl."""
+def _assemble_context(
+    context: Path, pip: str, log: Any, requirements: tuple[str, ...] = KERNEL_REQUIREMENTS
+) -> None:
+    """Containerfile, and wheels/: kernelfleet, `requirements`, pip.whl."""
     shutil.copy(RECIPE, context / "Containerfile")
     wheels = context / "wheels"
     wheels.mkdir()
     kernelfleet_wheel = write_kernelfleet_wheel(wheels)
-    pins = [f"{name}=={importlib.metadata.version(name)}" for name in KERNEL_REQUIREMENTS]
+    pins = [f"{name}=={importlib.metadata.version(name)}" for name in requirements]
     pip_pin = f"pip=={importlib.metadata.version('pip')}"
     log(f"resolving {len(pins)} requirements with this machine's pip")
     done = subprocess.run(
@@ -160,13 +187,13 @@ def _assemble_context(context: Path, pip: str, log: Any) -> None:
         text=True,
     )
     if done.returncode != 0:
-        raise ImageBuildError(f"pip could not make the kernel's wheels:\n{done.stderr[-3000:]}")
+        raise ImageBuildError(f"pip could not make the image's wheels:\n{done.stderr[-3000:]}")
     pip_wheels = sorted(wheels.glob("pip-*.whl"))
     if not pip_wheels:
         raise ImageBuildError("pip made no wheel of pip itself")
     shutil.copy(pip_wheels[0], wheels / "pip.whl")
-    requirements = [f"kernelfleet @ file:///tmp/kernelfleet-wheels/{kernelfleet_wheel.name}"]
-    (wheels / "requirements.txt").write_text("\n".join([*requirements, *pins]) + "\n")
+    own = f"kernelfleet @ file:///tmp/kernelfleet-wheels/{kernelfleet_wheel.name}"
+    (wheels / "requirements.txt").write_text("\n".join([own, *pins]) + "\n")
 
 
 def write_kernelfleet_wheel(folder: Path) -> Path:
@@ -262,4 +289,11 @@ def write_kernelspec(folder: Path, spec: dict[str, Any]) -> Path:
     return path
 
 
-__all__ = ["BuiltImage", "ContainerSpec", "ImageBuildError", "build_kernel_image", "kernelspec"]
+__all__ = [
+    "BuiltImage",
+    "ContainerSpec",
+    "ImageBuildError",
+    "build_kernel_image",
+    "fleet_requirements",
+    "kernelspec",
+]
