@@ -70,7 +70,7 @@ def fleet_requirements() -> tuple[str, ...]:
 
 
 _RESOLUTIONS = 5
-"""How many times `_make_wheels` resolves before it gives up excluding wheels."""
+"""How many times `_make_wheels` resolves before it gives up replacing wheels that do not fit."""
 _SKIPPED = {"__pycache__", "node_modules", "labextension", "src", "style"}
 """Folders of the package the kernel never reads (the JupyterLab extension's sources)."""
 
