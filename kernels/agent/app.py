@@ -27,6 +27,7 @@ and reads it; the local host provider and the tests wait with it.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import re
@@ -105,6 +106,22 @@ def _env_number(name: str, kind: type[int] | type[float], fallback: Any) -> Any:
         return kind(value)
     except ValueError:
         raise TraitError(f"environment variable {name}={value!r} is not a valid number") from None
+
+
+def resolve_ip(name: str, value: str) -> str:
+    """`value` if it is an IP address, else the IPv4 address its host name resolves to on this
+    machine (``/etc/hosts``, then DNS): replicas bind, and advertise, an address, never a name."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    try:
+        return socket.gethostbyname(value)
+    except OSError as e:
+        raise TraitError(
+            f"{name}: {value!r} is neither an IP address nor a host name that resolves here ({e})"
+        ) from None
 
 
 def load_or_create_host_id(state_dir: Path) -> str:
@@ -251,13 +268,15 @@ class HostAgentApp(Application):
 
     kernel_ip = Unicode(
         help="The IP address kernel replicas bind their ZMQ sockets to; the gateway connects "
-        "there. Default: $KERNELFLEET_KERNEL_IP, else 127.0.0.1.",
+        "there. A host name is resolved to its IPv4 address at start. Default: "
+        "$KERNELFLEET_KERNEL_IP, else 127.0.0.1.",
     ).tag(config=True)
 
     raft_ip = Unicode(
         help="The IP address replicas bind their Raft port to; the other replicas of each "
         "kernel connect there, so it must be reachable from every host but need not be public. "
-        "Default: $KERNELFLEET_RAFT_IP, else the kernel IP.",
+        "A host name is resolved to its IPv4 address at start. Default: $KERNELFLEET_RAFT_IP, "
+        "else the kernel IP.",
     ).tag(config=True)
 
     root_dir = Unicode(
@@ -518,6 +537,7 @@ class HostAgentApp(Application):
         self.init_host_id()
         self.init_inventory()
         self.init_gpu_settings()
+        self.init_addresses()
         self.init_replicas()
         self.init_webapp()
         self.init_heartbeat()
@@ -585,6 +605,12 @@ class HostAgentApp(Application):
     def _live_replica_ids(self) -> set[str]:
         running = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.RESTARTING)
         return {r.id for r in self.replicas.all() if r.state in running}
+
+    def init_addresses(self) -> None:
+        """The kernel and Raft addresses as IP addresses: a host name given for either (a
+        Compose service's own name, say) is resolved once, here."""
+        self.kernel_ip = resolve_ip("kernel_ip", self.kernel_ip)
+        self.raft_ip = resolve_ip("raft_ip", self.raft_ip)
 
     def init_replicas(self) -> None:
         replicas_dir = self.state_path / "replicas"

@@ -231,6 +231,23 @@ async def test_replica_lifecycle(host_agent: StartAgent, tmp_path: Path) -> None
     assert await client.list_replicas() == []
 
 
+async def test_a_host_name_as_kernel_ip_is_resolved_to_its_address(
+    host_agent: StartAgent,
+) -> None:
+    # A Compose service names itself (deploy/compose.yaml): the kernel's connection carries the
+    # address, which jupyter_client accepts as local and the gateway connects to.
+    agent = await host_agent(args=["--kernel-ip=localhost"])
+    model = await agent.client.start_replica("r1", "k1", "python3")
+    agent.kernel_pids.add(model["pid"])
+    assert model["connection"]["ip"] == "127.0.0.1"
+    kc = await connect(model["connection"])
+    try:
+        _, out = await execute(kc, "print(6*7)")
+        assert out == "42\n"
+    finally:
+        kc.stop_channels()
+
+
 async def test_dead_replica_is_reported_at_once_and_can_restart(host_agent: StartAgent) -> None:
     # A 5 s heartbeat interval: the 'dead' report must come from the state change, not the timer.
     async with GatewayRecorder() as gateway:
@@ -457,6 +474,10 @@ async def test_kernels_exit_when_the_agent_is_killed(host_agent: StartAgent) -> 
         (["--token=t", "--gateway=ftp://x"], "gateway_url must be an http(s) URL"),
         (["--token=t", "--gpus=-2"], "gpus must be 0 or more"),
         (["--token=t", "--gpus=2", "--gpu-inventory=nvml"], "cannot be combined"),
+        (
+            ["--token=t", "--kernel-ip=no-such-host.invalid"],
+            "kernel_ip: 'no-such-host.invalid' is neither an IP address nor a host name",
+        ),
     ],
 )
 def test_bad_configuration_fails_at_start(tmp_path: Path, args: list[str], complaint: str) -> None:

@@ -8,15 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
-from traitlets import Float, Unicode
+from traitlets import Bool, Float, Unicode
 from traitlets.config import Application
 
 from kernelfleet import __version__
 from kernelfleet.errors import FleetError
 from kernelfleet.kernels.agent.containers.engine import Engine, default_engine_url
 from kernelfleet.kernels.agent.containers.images import (
+    KERNEL_REQUIREMENTS,
     ImageBuildError,
     build_kernel_image,
+    fleet_requirements,
     kernelspec,
     write_kernelspec,
 )
@@ -32,7 +34,9 @@ class ImageBuildApp(Application):
         "Build a kernel image: BASE (with python3 of this machine's version) plus kernelfleet's "
         "replicated kernel, through the Docker Engine API; nothing is pulled. With --kernelspec "
         "NAME, also write the kernelspec that runs kernels in it (JupyterLab's launcher shows "
-        "its display name). An image of TAG built from the same recipe is kept as it is."
+        "its display name). An image of TAG built from the same recipe is kept as it is. With "
+        "--fleet, build the fleet image instead: kernelfleet with all its requirements, which "
+        "runs the gateway and host agents (deploy/compose.yaml)."
     )
     examples = (
         "kernelfleet image build --base localhost/pytorch:2.13 --tag localhost/kf-pytorch:2.13 "
@@ -47,6 +51,12 @@ class ImageBuildApp(Application):
         "kernelspec-dir": "ImageBuildApp.kernelspec_dir",
         "cpus": "ImageBuildApp.cpus",
         "memory": "ImageBuildApp.memory",
+    }
+    flags = {
+        "fleet": (
+            {"ImageBuildApp": {"fleet": True}},
+            "Build the fleet image (gateway and host agent), not a kernel image.",
+        )
     }
 
     base = Unicode(help="The base image (on the engine already; must run python3).").tag(
@@ -64,6 +74,11 @@ class ImageBuildApp(Application):
         help="Where the kernelspec's folder goes. Default: <jupyter data dir>/kernels, where "
         "the gateway and the host agents of this machine find it.",
     ).tag(config=True)
+    fleet = Bool(
+        False,
+        help="Build the fleet image: kernelfleet and every requirement of the gateway and the "
+        "host agent (deploy/compose.yaml runs it), not a kernel image.",
+    ).tag(config=True)
     cpus = Float(0.0, help="CPUs each kernel's container may use (0: no limit).").tag(config=True)
     memory = Unicode(
         help="Memory each kernel's container may use: '4g', '512m' (empty: no limit)."
@@ -72,6 +87,9 @@ class ImageBuildApp(Application):
     def start(self) -> None:
         if not self.base or not self.tag:
             self.log.critical("--base and --tag are both required")
+            self.exit(2)
+        if self.fleet and self.kernelspec_name:
+            self.log.critical("--fleet builds the gateway's and agents' image: no --kernelspec")
             self.exit(2)
         spec = None
         if self.kernelspec_name:
@@ -88,7 +106,10 @@ class ImageBuildApp(Application):
                 self.exit(2)
         engine = Engine(self.engine or default_engine_url(), timeout=600)
         try:
-            built = build_kernel_image(engine, self.base, self.tag, log=self._say)
+            requirements = fleet_requirements() if self.fleet else KERNEL_REQUIREMENTS
+            built = build_kernel_image(
+                engine, self.base, self.tag, log=self._say, requirements=requirements
+            )
         except (ImageBuildError, FleetError) as e:
             self.log.critical("%s", e)
             self.exit(1)

@@ -1,5 +1,7 @@
 """The kernel image: a user's base image plus kernelfleet's replica kernel (`Containerfile`),
-and the kernelspec that runs kernels in it.
+and the kernelspec that runs kernels in it. The same recipe with every one of kernelfleet's
+requirements (`fleet_requirements`) makes the fleet image the gateway and host agents of a
+Compose deployment run (`deploy/compose.yaml`, docs/deploy.md).
 
 `build_kernel_image` checks the base image (on the engine, never pulled; it must run
 ``python3`` of this machine's Python version, since the wheels are made here), assembles the
@@ -13,10 +15,12 @@ recipe costs the hash alone.
 from __future__ import annotations
 
 import base64
+import email.parser
 import hashlib
 import importlib.metadata
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -28,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import docker.errors
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 import kernelfleet
 from kernelfleet.kernels.agent.containers.engine import LABEL_PREFIX, UNREACHABLE, Engine
@@ -49,6 +55,22 @@ KERNEL_REQUIREMENTS = (
 )
 """What the replica kernel imports besides the standard library (pinned to this machine's
 versions, so the image speaks as the fleet does)."""
+
+
+def fleet_requirements() -> tuple[str, ...]:
+    """What the gateway and a host agent import: kernelfleet's own requirements (its installed
+    metadata's, extras left out), and the kernel's, since an agent runs kernels beside it."""
+    names = list(KERNEL_REQUIREMENTS)
+    for line in importlib.metadata.requires("kernelfleet") or []:
+        requirement = Requirement(line)
+        wanted = requirement.marker is None or requirement.marker.evaluate({"extra": ""})
+        if wanted and requirement.name not in names:
+            names.append(requirement.name)
+    return tuple(names)
+
+
+_RESOLUTIONS = 5
+"""How many times `_make_wheels` resolves before it gives up replacing wheels that do not fit."""
 _SKIPPED = {"__pycache__", "node_modules", "labextension", "src", "style"}
 """Folders of the package the kernel never reads (the JupyterLab extension's sources)."""
 
@@ -67,10 +89,18 @@ class BuiltImage:
 
 
 def build_kernel_image(
-    engine: Engine, base: str, tag: str, *, log: Any = print, pip: str = sys.executable
+    engine: Engine,
+    base: str,
+    tag: str,
+    *,
+    log: Any = print,
+    pip: str = sys.executable,
+    requirements: tuple[str, ...] = KERNEL_REQUIREMENTS,
 ) -> BuiltImage:
-    """Build (or find) the kernel image `tag` from `base`; `ImageBuildError` when the base
-    image is missing, has no python3 or another Python version, or the build fails."""
+    """Build (or find) the kernel image `tag` from `base`, with kernelfleet and
+    `requirements` (pinned to this machine's versions; `fleet_requirements()` for the fleet
+    image); `ImageBuildError` when the base image is missing, has no python3 or another Python
+    version, or the build fails."""
     client = engine.client()
     try:
         base_id = client.images.get(base).id
@@ -81,10 +111,10 @@ def build_kernel_image(
         ) from None
     except (docker.errors.DockerException, *UNREACHABLE) as e:
         raise engine.unavailable(e) from e
-    _check_python(client, base)
+    base_python = _check_python(client, base)
     with tempfile.TemporaryDirectory(prefix="kernelfleet-image-") as folder:
         context = Path(folder)
-        _assemble_context(context, pip, log)
+        _assemble_context(context, pip, log, requirements, base_python)
         recipe_hash = _content_hash(context, extra=f"{base_id}\n")
         try:
             existing = client.images.get(tag)
@@ -114,10 +144,11 @@ def build_kernel_image(
         return BuiltImage(tag, str(image.id), recipe_hash, reused=False)
 
 
-def _check_python(client: Any, base: str) -> None:
-    """`ImageBuildError` unless `base` runs python3 of this machine's major.minor version."""
+def _check_python(client: Any, base: str) -> str:
+    """The full version of `base`'s python3 ('3.11.2'); `ImageBuildError` unless it is this
+    machine's major.minor version."""
     wanted = f"{sys.version_info.major}.{sys.version_info.minor}"
-    probe = "import sys; print('%d.%d' % sys.version_info[:2])"
+    probe = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
     container = client.containers.create(
         base, ["python3", "-c", probe], network_mode="none", entrypoint=""
     )
@@ -136,37 +167,130 @@ def _check_python(client: Any, base: str) -> None:
         ) from None
     finally:
         container.remove(force=True)
-    found = bytes(out).decode(errors="replace").strip()
+    full = bytes(out).decode(errors="replace").strip()
+    found = ".".join(full.split(".")[:2])
     if found != wanted:
         raise ImageBuildError(
             f"base image {base!r} has Python {found}, this machine {wanted}: the kernel's wheels "
             f"are made here, so build on a machine with Python {found}, or pick a base image "
             f"with Python {wanted}"
         )
+    return full
 
 
-def _assemble_context(context: Path, pip: str, log: Any) -> None:
-    """Containerfile, and wheels/: kernelfleet, the kernel's requirements, pip.whl."""
+def _assemble_context(
+    context: Path,
+    pip: str,
+    log: Any,
+    requirements: tuple[str, ...] = KERNEL_REQUIREMENTS,
+    base_python: str = "",
+) -> None:
+    """Containerfile, and wheels/: kernelfleet, `requirements`, pip.whl, each wheel one that
+    `base_python` (the base image's version; empty: this machine's) may install."""
     shutil.copy(RECIPE, context / "Containerfile")
     wheels = context / "wheels"
     wheels.mkdir()
     kernelfleet_wheel = write_kernelfleet_wheel(wheels)
-    pins = [f"{name}=={importlib.metadata.version(name)}" for name in KERNEL_REQUIREMENTS]
+    pins = [f"{name}=={importlib.metadata.version(name)}" for name in requirements]
     pip_pin = f"pip=={importlib.metadata.version('pip')}"
     log(f"resolving {len(pins)} requirements with this machine's pip")
-    done = subprocess.run(
-        [pip, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels), *pins, pip_pin],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise ImageBuildError(f"pip could not make the kernel's wheels:\n{done.stderr[-3000:]}")
+    _make_wheels(pip, wheels, [*pins, pip_pin], base_python or platform.python_version(), log)
     pip_wheels = sorted(wheels.glob("pip-*.whl"))
     if not pip_wheels:
         raise ImageBuildError("pip made no wheel of pip itself")
     shutil.copy(pip_wheels[0], wheels / "pip.whl")
-    requirements = [f"kernelfleet @ file:///tmp/kernelfleet-wheels/{kernelfleet_wheel.name}"]
-    (wheels / "requirements.txt").write_text("\n".join([*requirements, *pins]) + "\n")
+    own = f"kernelfleet @ file:///tmp/kernelfleet-wheels/{kernelfleet_wheel.name}"
+    (wheels / "requirements.txt").write_text("\n".join([own, *pins]) + "\n")
+
+
+def _make_wheels(pip: str, wheels: Path, pins: list[str], python: str, log: Any) -> None:
+    """`pip wheel` of `pins` into `wheels`, for an image whose Python is `python`.
+
+    pip resolves for the Python it runs on, and cannot be told another one's patch version
+    when some requirement comes as a source distribution only (pysyncobj). So a wheel whose
+    Requires-Python excludes `python` (soupsieve 4.1.3 needs 3.11.5; Debian 12 has 3.11.2) is
+    removed, pinned to the newest version that `python` may install, and pip resolves again, up
+    to `_RESOLUTIONS` times."""
+    constraints: list[str] = []
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as constraints_file:
+        for _ in range(_RESOLUTIONS):
+            constraints_file.seek(0)
+            constraints_file.truncate()
+            constraints_file.write("\n".join(constraints) + "\n")
+            constraints_file.flush()
+            done = subprocess.run(
+                [
+                    pip,
+                    "-m",
+                    "pip",
+                    "wheel",
+                    "--quiet",
+                    "--wheel-dir",
+                    str(wheels),
+                    "--constraint",
+                    constraints_file.name,
+                    *pins,
+                ],
+                capture_output=True,
+                text=True,
+            )
+            if done.returncode != 0:
+                raise ImageBuildError(
+                    f"pip could not make the image's wheels for Python {python}"
+                    + (f" (excluding {', '.join(constraints)})" if constraints else "")
+                    + f":\n{done.stderr[-3000:]}"
+                )
+            misfits = [w for w in sorted(wheels.glob("*.whl")) if not _installs_on(w, python)]
+            if not misfits:
+                return
+            for wheel in misfits:
+                constraints.append(_newest_for(pip, wheel.name.split("-")[0], python))
+                wheel.unlink()
+            log(f"resolving again for Python {python}, with {', '.join(constraints)}")
+    raise ImageBuildError(
+        f"no set of wheels for Python {python} found in {_RESOLUTIONS} resolutions "
+        f"(with {', '.join(constraints)}): pick a base image with a newer Python"
+    )
+
+
+def _newest_for(pip: str, name: str, python: str) -> str:
+    """``name==version``: the newest wheel of `name` that Python `python` may install, as pip
+    finds it (`pip download` honours another Python's version for wheels)."""
+    with tempfile.TemporaryDirectory() as folder:
+        done = subprocess.run(
+            [
+                pip,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--python-version",
+                python,
+                "--dest",
+                folder,
+                name,
+            ],
+            capture_output=True,
+            text=True,
+        )
+        found = sorted(Path(folder).glob("*.whl"))
+        if done.returncode != 0 or not found:
+            raise ImageBuildError(
+                f"no wheel of {name} installs on Python {python}: pick a base image with a "
+                f"newer Python\n{done.stderr[-2000:]}"
+            )
+    return f"{name}=={found[0].name.split('-')[1]}"
+
+
+def _installs_on(wheel: Path, python: str) -> bool:
+    """Whether the wheel's Requires-Python (none: any) admits Python `python`."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = email.parser.HeaderParser().parsestr(archive.read(name).decode())
+    requires = metadata.get("Requires-Python")
+    return requires is None or SpecifierSet(requires).contains(python, prereleases=True)
 
 
 def write_kernelfleet_wheel(folder: Path) -> Path:
@@ -262,4 +386,11 @@ def write_kernelspec(folder: Path, spec: dict[str, Any]) -> Path:
     return path
 
 
-__all__ = ["BuiltImage", "ContainerSpec", "ImageBuildError", "build_kernel_image", "kernelspec"]
+__all__ = [
+    "BuiltImage",
+    "ContainerSpec",
+    "ImageBuildError",
+    "build_kernel_image",
+    "fleet_requirements",
+    "kernelspec",
+]
