@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,37 +52,39 @@ def test_the_hosts_are_read_with_the_token_kept_off_the_command_line(
     assert '"id": "host-1"' in done.stdout.replace('"id":"host-1"', '"id": "host-1"')
 
 
-def test_draining_a_host_moves_its_replicas_off_it(private_fleet: Callable[..., Fleet]) -> None:
+def test_draining_a_host_moves_its_replicas_off_it(
+    private_fleet: Callable[..., Fleet], tmp_path: Path
+) -> None:
     fleet = private_fleet(hosts=3, gpus=1, replicas=2, gateway_args=("--kernel-pool-size", "0"))
     status, kernel = fleet.request("POST", "/api/kernels", {"name": "python3"})
     assert status == 201, kernel
     before = fleet.request("GET", f"/api/fleet/kernels/{kernel['id']}")[1]
     drained = before["replicas"][0]["host"]
-    block = guide_block("docker compose -f deploy/compose.yaml exec -T gateway python3 - host-2")
-    program = block.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+    (tmp_path / ".kernelfleet-header").write_text(f"Authorization: token {fleet.token}\n")
+    block = guide_block('curl -s -H @"$HOME/.kernelfleet-header" -X POST')
+    *drain, stop = block.strip().splitlines()
+    assert stop == "docker compose -f deploy/compose.yaml stop host-2"  # not run: no Compose
+    script = "\n".join(drain).replace(GUIDE_URL, fleet.url).replace("host-2", drained)
     done = subprocess.run(
-        [sys.executable, "-", drained],
-        input=program,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(REPO_ROOT),
-            "KERNELFLEET_TOKEN": fleet.token,
-            "KERNELFLEET_GATEWAY_URL": fleet.url,
-        },
+        ["bash", "-euo", "pipefail", "-c", f"timeout 120 bash -c {shlex.quote(script)}"],
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=180,
     )
     assert done.returncode == 0, done.stderr
-    assert (
-        done.stdout
-        == f"{kernel['id']}: replica {before['replicas'][0]['id']} moved off {drained}\n"
+    assert '"why": "maintenance"' in done.stdout
+    replicas = fleet.request("GET", f"/api/fleet/kernels/{kernel['id']}")[1]["replicas"]
+    assert drained not in {r["host"] for r in replicas}
+    wait_for(
+        lambda: (
+            sum(
+                r["state"] == "ready"
+                for r in fleet.request("GET", f"/api/fleet/kernels/{kernel['id']}")[1]["replicas"]
+            )
+            == 2
+        ),
+        60,
+        "two ready replicas",
     )
-
-    def moved() -> bool:
-        replicas = fleet.request("GET", f"/api/fleet/kernels/{kernel['id']}")[1]["replicas"]
-        ready = [r for r in replicas if r["state"] == "ready"]
-        return len(ready) == 2 and drained not in {r["host"] for r in replicas}
-
-    wait_for(moved, 60, f"the kernel's replicas off {drained}")
     assert fleet.request("DELETE", f"/api/kernels/{kernel['id']}")[0] == 204
