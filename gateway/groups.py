@@ -98,11 +98,24 @@ class GroupKeeper:
         """`replica` (already ``dead``) is gone, for `why`: its GPUs go back; a kernel left
         with no replica is dead (its running cell ends, later ones fail at once); a replicated
         one is repaired in the background."""
-        log.error(
-            "kernel %s: replica %s on %s died: %s", kernel.id, replica.id, replica.host_id, why
-        )
-        self._launcher.unsubscribe(kernel, replica)
-        self._kernels.persist()
+        self.replicas_died([(kernel, replica, why)])
+
+    def replicas_died(self, deaths: list[tuple[KernelRecord, ReplicaRecord, str]]) -> None:
+        """Each replica of `deaths` died as `replica_died` says, the kernels written to the
+        store once for all of them: a lost host's replicas die together, and a write per
+        replica (the whole table, synced to disk) held the event loop for seconds when a host
+        with 40 replicas was lost."""
+        for kernel, replica, why in deaths:
+            log.error(
+                "kernel %s: replica %s on %s died: %s", kernel.id, replica.id, replica.host_id, why
+            )
+            self._launcher.unsubscribe(kernel, replica)
+        if deaths:
+            self._kernels.persist()
+        for kernel, replica, why in deaths:
+            self._after_death(kernel, replica, why)
+
+    def _after_death(self, kernel: KernelRecord, replica: ReplicaRecord, why: str) -> None:
         self._events.publish(
             EventType.REPLICA_LOST,
             {"replica_id": replica.id, "why": why},

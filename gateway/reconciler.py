@@ -32,8 +32,8 @@ _RUNNING = (ReplicaState.STARTING.value, ReplicaState.READY.value)
 class ReplicaLoss(Protocol):
     """Who handles a replica that died (the `GroupKeeper`)."""
 
-    def replica_died(self, kernel: KernelRecord, replica: ReplicaRecord, why: str) -> None:
-        """`replica` of `kernel` is ``dead`` now, for `why`."""
+    def replicas_died(self, deaths: list[tuple[KernelRecord, ReplicaRecord, str]]) -> None:
+        """Each (kernel, replica, why) of `deaths`: the replica is ``dead`` now, for `why`."""
 
 
 class HostReconciler:
@@ -67,6 +67,7 @@ class HostReconciler:
             log.error("host %s no longer reports GPU(s) %s", host.id, ", ".join(vanished))
         self._capacity.capacity_changed()
         reported = {model.get("id"): model for model in host.replicas if isinstance(model, dict)}
+        deaths = []
         for kernel, replica in self._kernels.live_replicas_on(host.id):
             model = reported.get(replica.id)
             if model is not None:
@@ -75,21 +76,24 @@ class HostReconciler:
                     why = f"its process exited ({model.get('exit_code')})"
                     if model.get("exit_reason"):  # a container's: its memory limit, say
                         why = f"{why}: {model['exit_reason']}"
-                    self._loss.replica_died(kernel, replica, why)
+                    deaths.append((kernel, replica, why))
             elif restarted:
                 replica.move_to(ReplicaState.DEAD)
-                self._loss.replica_died(kernel, replica, f"the agent on {host.id} restarted")
+                deaths.append((kernel, replica, f"the agent on {host.id} restarted"))
+        self._loss.replicas_died(deaths)
 
     def on_host_lost(self, host: HostRecord) -> None:
         """`host` is lost (or forgotten): its GPUs leave the ledger and its replicas are given
         up for dead."""
         publish_binding(self._events, EventType.GPUS_RELEASED, self._ledger.drop_host(host.id))
         self._capacity.capacity_changed()
+        why = f"host {host.id} was lost: {host.lost_why or 'it stopped answering'}"
+        deaths = []
         for kernel, replica in self._kernels.live_replicas_on(host.id):
             replica.move_to(ReplicaState.DEAD)
             self._given_up.add(replica.id)
-            why = f"host {host.id} was lost: {host.lost_why or 'it stopped answering'}"
-            self._loss.replica_died(kernel, replica, why)
+            deaths.append((kernel, replica, why))
+        self._loss.replicas_died(deaths)
 
     def _stop_given_up(self, host: HostRecord) -> None:
         """A host that was lost and came back may still run replicas given up for dead (they
