@@ -97,11 +97,18 @@ async def timed_cell(kernel: KernelWebsocket, code: str = rt.CELL) -> dict[str, 
 async def raft_roles(fleet: Fleet, kernel_id: str, cell_id: str) -> dict[str, Any]:
     """Which replica ran `cell_id` and which leads the kernel's Raft group (each replica's own
     view, asked on its control channel). A LEAD or delta appended by a follower goes through the
-    leader, so it costs more than one appended by the leader itself."""
-    model = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")
-    statuses = [await replica_status(fleet, replica) for replica in model["replicas"]]
+    leader, so it costs more than one appended by the leader itself; an executor asks for the
+    leadership after its cells, so the replicas are asked again (up to 10 s) while an election
+    leaves them without one leader."""
+    deadline = time.monotonic() + 10
+    while True:
+        model = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")
+        statuses = [await replica_status(fleet, replica) for replica in model["replicas"]]
+        leaders = {s["replica_id"] for s in statuses if s.get("raft", {}).get("is_leader")}
+        if len(leaders) == 1 or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
     executors = {r for s in statuses for c, _, r in s.get("executors", []) if c == cell_id}
-    leaders = {s["replica_id"] for s in statuses if s.get("raft", {}).get("is_leader")}
     return {
         "executor": sorted(executors),
         "raft_leader": sorted(leaders),

@@ -48,6 +48,7 @@ from typing import Any
 
 from pysyncobj import SyncObj, SyncObjConsumer, replicated
 from pysyncobj.syncobj import SyncObjException
+from pysyncobj.utility import TcpUtility, UtilityException
 
 from kernelfleet.raft import compaction
 from kernelfleet.raft.config import LogConfig
@@ -167,6 +168,7 @@ class KernelLog(SyncObj):
         # attributes added after it, and the replicated state lives in self._store anyway.
         self._config = config or LogConfig()
         self._address = self_address
+        self._password = password
         self._loop = loop
         self._on_commit = on_commit
         self._lifecycle = Lifecycle.OPEN
@@ -459,6 +461,38 @@ class KernelLog(SyncObj):
                 logger.debug("append failed (%s); retrying in %.2f s", error.reason, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
+
+    async def take_leadership(self, timeout: float = 1.0) -> bool:
+        """Ask the group's leader to hand its leadership to this node; True if this node leads
+        already or the leader agreed, False if no leader is known, or it refused (this node's
+        log is not yet complete: try again after the next commit), or did not answer within
+        `timeout` s.
+
+        The leader agreeing is Raft's leadership transfer (pysyncobj's ``transfer`` command,
+        sent over the encrypted raft port with the group's password): it tells this node to
+        start an election at once, which it wins because its log holds every entry the leader
+        has. Nothing committed changes; calls in flight anywhere in the group may fail with
+        ``LEADER_CHANGED`` or ``MISSING_LEADER`` meanwhile (retryable). Whether and when this
+        node won is `is_leader`'s to tell (one election, usually within a few ticks).
+        """
+        if self.is_leader:
+            return True
+        leader = self.leader
+        if leader is None or self._lifecycle is not Lifecycle.OPEN:
+            return False
+        command = ["transfer", self._address]
+
+        def ask() -> object:  # a thread: the utility polls its own socket until answered
+            return TcpUtility(self._password, timeout).executeCommand(leader, command)
+
+        try:
+            answer = await asyncio.to_thread(ask)
+        except UtilityException as error:
+            logger.debug("raft node %s: leader %s did not answer: %s", self._address, leader, error)
+            return False
+        agreed = isinstance(answer, str) and answer.startswith("SUCCESS")
+        logger.info("raft node %s: asked %s for the leadership: %s", self._address, leader, answer)
+        return agreed
 
     async def add_member(self, address: str, timeout: float = 5.0) -> None:
         """Add `address` to the group (no-op if this node already counts it a member).

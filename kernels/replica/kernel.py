@@ -18,6 +18,9 @@ a replacement replica joins after it was added, with the members as its peers. A
   if the owing replica died before publishing, it waits `OWED_DELTA_WAIT` seconds, then goes
   on from the last committed state and says so. `Request.FORGET` (control) says which
   replicas are lost, so nobody waits for what they owed;
+- once a cell's reply is out, a replica that ran it and does not lead its Raft group asks for
+  the leadership (`leadership.LeadershipSeeker`), so that its next cells' commits skip the
+  hop through another leader;
 - it applies every other replica's `StateDelta` that takes effect (`DeltaOrder`: not a second
   copy, not one given up on) in log order and takes its execution count, so whichever replica
   runs the next cell holds the state of every committed cell.
@@ -49,6 +52,7 @@ from ipykernel.kernelapp import IPKernelApp
 from kernelfleet import __version__
 from kernelfleet.kernels.objectstore import LocalDirectoryStore, ObjectStore
 from kernelfleet.kernels.replica.gpu_binding import GpuBinder, MoveReport
+from kernelfleet.kernels.replica.leadership import LeadershipSeeker
 from kernelfleet.kernels.replica.start_binding import BindRefused, bind_start
 from kernelfleet.kernels.replica.statesync import NamespaceTracker, apply, encode
 from kernelfleet.kernels.replica.statesync_delta import ApplyFailed, EncodedDelta
@@ -102,6 +106,8 @@ class _Group:
     store: ObjectStore
     loop: asyncio.AbstractEventLoop
     """The main thread's loop: the log's callbacks and calls belong there."""
+    leadership: LeadershipSeeker
+    """Makes the replica that runs the cells its group's Raft leader."""
 
 
 stage_stamp = StageLog("replica").stamp
@@ -383,7 +389,8 @@ class ReplicatedKernel(IPythonKernel):
             loop=asyncio.get_running_loop(),
             on_commit=self._on_commit,
         )
-        self.group = _Group(raft, tracker, store, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        self.group = _Group(raft, tracker, store, loop, LeadershipSeeker(raft))
         self.object_collector = start_collector(raft, store)  # superseded objects, as leader
         shell.events.register("post_run_cell", self._notice_unsynced)
         await raft.wait_ready(timeout=float(content.get("timeout", 20)))
@@ -441,6 +448,7 @@ class ReplicatedKernel(IPythonKernel):
             stage_stamp(cell_id, "reply_sent")
         finally:
             self.unpublished = None
+        group.leadership.after_cell()
 
     async def do_execute(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """IPython's, then, for a cell this replica leads, its delta committed before the

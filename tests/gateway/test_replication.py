@@ -225,6 +225,68 @@ async def test_a_replica_migrates_to_a_named_host_and_the_kernel_keeps_its_state
     fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
 
 
+async def test_the_executor_leads_its_raft_group_through_an_executor_change_mid_stream(replicated):
+    """Issue 16: the replica that runs the cells takes its group's Raft leadership, so its two
+    commits per cell skip the hop to another leader (kernels/replica/leadership.py). A stream of
+    cells goes on while the executor migrates away: every cell runs once, in order, on one
+    replica all agree on, and the new executor takes the leadership in turn."""
+    fleet = replicated
+    kernel_id = fleet.start_kernel()
+    client = await fleet.connect(kernel_id)
+    path = f"/api/fleet/kernels/{kernel_id}"
+    ran: list[str] = []
+
+    async def cell(code: str) -> str:
+        msg_id = client.send("execute_request", {"code": code, "silent": False})
+        result = await client.collect(msg_id, timeout=60)
+        assert result.reply["status"] == "ok", result.reply
+        ran.append(msg_id)
+        return result.stdout
+
+    async def executor_leads() -> tuple[str, bool]:
+        view = fleet.api("GET", path)
+        executor = next(r for r in view["replicas"] if r["id"] == view["executor"])
+        return executor["host"], (await replica_status(fleet, executor))["raft"]["is_leader"]
+
+    async def cells_until_the_executor_leads() -> str:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            await cell("seen.append(len(seen))")
+            host, leads = await executor_leads()
+            if leads:
+                return host
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"the executor on {host} never took the Raft leadership")
+
+    await cell("seen = []")
+    first_host = await cells_until_the_executor_leads()
+
+    view = fleet.api("GET", path)
+    used = {replica["host"] for replica in view["replicas"]}
+    free = next(h["id"] for h in fleet.api("GET", "/api/fleet/hosts") if h["id"] not in used)
+    for _ in range(3):
+        await cell("seen.append(len(seen))")
+    migration = asyncio.ensure_future(
+        asyncio.to_thread(fleet.api, "POST", f"{path}/replicas/{view['executor']}/migrate",
+                          {"host": free})
+    )  # fmt: skip
+    during = 0
+    while not migration.done() or during < 3:
+        await cell("seen.append(len(seen))")
+        during += 1
+    await migration
+    assert during >= 3
+    assert executor_host(fleet, kernel_id) == free != first_host
+    assert await cells_until_the_executor_leads() == free
+
+    count = len(ran) - 1  # every cell but the first appended once
+    assert await cell("print(seen == list(range(len(seen))), len(seen))") == f"True {count}\n"
+    executors = await agreed_executors(fleet, live_replicas(fleet, kernel_id), ran)
+    assert set(executors) == set(ran), "every cell has one executor, the same in every replica"
+    client.close()
+    fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)
+
+
 def live_replicas(fleet, kernel_id):
     """A function that lists the replicas of `kernel_id` running at the time it is called."""
 
@@ -288,13 +350,17 @@ async def test_losing_the_raft_leader_between_cells_and_mid_cell_loses_no_commit
     assert (await client.execute("import numpy as np\nlog = ['a']")).reply["status"] == "ok"
 
     async def raft_leader():
-        replicas = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
-        for replica in replicas:
-            if (
-                replica["state"] == "ready"
-                and (await replica_status(fleet, replica))["raft"]["is_leader"]
-            ):
-                return replica
+        # The executor takes the leadership after its cells: an election may be under way.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            replicas = fleet.api("GET", f"/api/fleet/kernels/{kernel_id}")["replicas"]
+            for replica in replicas:
+                if (
+                    replica["state"] == "ready"
+                    and (await replica_status(fleet, replica))["raft"]["is_leader"]
+                ):
+                    return replica
+            await asyncio.sleep(0.1)
         raise AssertionError(f"no Raft leader among {replicas}")
 
     def replaced(gone):

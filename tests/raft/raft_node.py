@@ -119,6 +119,9 @@ class Node:
         await self.log.remove_member(address, timeout=timeout)
         return {"members": list(self.log.members)}
 
+    async def op_take_leadership(self, timeout: float = 1.0) -> dict[str, Any]:
+        return {"agreed": await self.log.take_leadership(timeout=timeout)}
+
     async def op_compact(self) -> dict[str, Any]:
         self.log.forceLogCompaction()
         return {}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 
 import pytest
+from pysyncobj.utility import TcpUtility, UtilityException
 
 from kernelfleet.raft.entries import Entry, Proposal, Role, StateDelta
 from kernelfleet.testing import wait_for
@@ -197,3 +199,34 @@ def test_oversized_entry_is_refused_before_reaching_pysyncobj(raft_cluster):
     assert after["raft_log_size"] == before["raft_log_size"]
     assert after["raft_commit_index"] == before["raft_commit_index"]
     assert leader.append(Proposal("small-again", "r0", Role.LEAD)) == 1
+
+
+def test_a_follower_takes_the_leadership_and_the_log_is_unchanged(raft_cluster):
+    """The executor of a kernel's cells asks for the leadership (`KernelLog.take_leadership`):
+    its own appends then commit without the hop to another leader. The transfer is an
+    election that changes nothing committed, and only a member with the password can ask."""
+    cluster: RaftCluster = raft_cluster(3)
+    leader = cluster.wait_leader()
+    for entry in proposals("before", 5):
+        leader.append(entry)
+    follower = next(node for node in cluster.live if node is not leader)
+    cluster.wait_applied(5, [follower])
+    term = leader.status()["term"]
+
+    stranger = TcpUtility(PASSWORD + "-wrong", timeout=1.0)
+    with contextlib.suppress(UtilityException):
+        stranger.executeCommand(leader.address, ["transfer", follower.address])
+    time.sleep(0.6)  # past an election timeout: a transfer would have happened by now
+    still = leader.status()
+    assert still["is_leader"]
+    assert still["term"] == term
+
+    assert follower.call("take_leadership")["agreed"] is True
+    assert cluster.wait_leader() is follower
+    assert follower.status()["term"] > term
+    assert follower.call("take_leadership")["agreed"] is True  # it leads: nothing to ask
+
+    assert follower.append(Proposal("after", "r1", Role.LEAD)) == 5
+    cluster.wait_applied(6, cluster.live)
+    log = assert_same_log(cluster.live, 6)
+    assert log[:5] == proposals("before", 5)
