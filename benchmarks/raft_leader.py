@@ -6,8 +6,10 @@
 all open at once. `--cells` trivial cells per kernel are sent directly to the gateway, one kernel
 after the other round-robin, so load drifts over all kernels alike. Each kernel's row gives
 whether the replica that ran its cells was its group's Raft leader (each replica's own view),
-then the p50 of its two Raft commits and of its round trip. Which replica leads is Raft's
-election, and which one executes is the gateway's policy: nothing aligns them.
+then the p50 of its two Raft commits and of its round trip. Which replica leads was Raft's
+election and which one executes the gateway's policy, independently, until the executor asked
+for the leadership after its cells (kernels/replica/leadership.py): every row now says it leads.
+Run it from a checkout before that change to see both kinds side by side.
 """
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ class KernelLink:
     clients: its replies, and the IOPub messages whose parent is the request. IOPub messages
     with no routed parent come from the `primary` replica (the last executor) alone. Cells go
     through `cells`, the kernel's `CellQueue`: each is sent with the LEAD role to the replica
-    assigned to it and with the YIELD role to the others, which record that they yielded.
+    assigned to it and with the YIELD role to the others, which answer with an aborted reply.
 
     Create, `await add_replica(...)` for each live replica, then `attach` clients.
     """

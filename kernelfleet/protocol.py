@@ -186,8 +186,10 @@ class Role(enum.StrEnum):
     """What a replica does with a cell: execute it (LEAD), or let another replica (YIELD).
 
     The gateway sends every cell to every replica of its kernel: with LEAD to the one it chose,
-    with YIELD to the others (`CellKey.ROLE`). Each replica then appends its role to the Raft
-    log as a `Proposal`; the first committed LEAD of a cell names the replica that ran it.
+    with YIELD to the others (`CellKey.ROLE`). The executor appends its LEAD to the Raft log
+    as a `Proposal`; the first committed LEAD of a cell names the replica that ran it. The
+    others answer with an aborted reply and append nothing: their YIELD entries, which nothing
+    read, were appended while the LEAD committed and slowed it down.
     A SETTLE (never sent with a cell) closes a cell whose executor was lost (`Request.OUTCOME`):
     whether it completed is what the log holds before it.
     """

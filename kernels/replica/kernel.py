@@ -408,7 +408,6 @@ class ReplicatedKernel(IPythonKernel):
         cell_id = parent["header"]["msg_id"]
         attempt = int(options.get(CellKey.ATTEMPT, 0))
         if options.get(CellKey.ROLE) == Role.YIELD:
-            self._yield(group, cell_id, attempt)
             yielded = {CellKey.ROLE.value: Role.YIELD, CellKey.ATTEMPT.value: attempt}
             self._reply_aborted(stream, ident, parent, yielded)
             return
@@ -514,14 +513,6 @@ class ReplicatedKernel(IPythonKernel):
 
     async def _release_gpus(self) -> MoveReport:
         return self.gpus.release(self.user_shell.user_ns)
-
-    def _yield(self, group: _Group, cell_id: str, attempt: int) -> None:
-        """Record in the log that this replica yields `cell_id` (off the critical path)."""
-        entry = Proposal(
-            cell_id=cell_id, replica_id=self.replica_id, role=Role.YIELD, attempt=attempt
-        )
-        task = asyncio.ensure_future(group.raft.append_with_retry(entry, time.monotonic() + 5))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     def _reply_aborted(self, stream: Any, ident: Any, parent: dict, why: dict[str, Any]) -> None:
         """Answer a cell this replica yields, saying so under `METADATA_KEY` (the gateway
