@@ -411,7 +411,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cells", type=int, default=200, help="timed cells per configuration")
     parser.add_argument("--warmup", type=int, default=10, help="untimed cells first, per kernel")
     parser.add_argument("--starts", type=int, default=9, help="kernel starts per configuration")
-    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    harness.add_output_arguments(parser, kept="server logs")
     parser.add_argument(
         "--replicas",
         type=int,
@@ -426,7 +426,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="websocket framing the client offers (JupyterLab offers v1; stock gateway mode "
         "falls back to legacy in C)",
     )
-    parser.add_argument("--keep", action="store_true", help="keep the work folder (server logs)")
     args = parser.parse_args(argv)
     if args.cells < 1 or args.starts < 1 or args.warmup < 0:
         parser.error("--cells and --starts must be at least 1, --warmup at least 0")

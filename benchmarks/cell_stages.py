@@ -295,8 +295,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cells", type=int, default=200, help="timed cells per path")
     parser.add_argument("--warmup", type=int, default=10, help="untimed cells first, per kernel")
     parser.add_argument("--replicas", type=int, default=3, choices=[2, 3])
-    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
-    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
+    harness.add_output_arguments(parser, kept="logs")
     parser.add_argument(
         "--notebook", type=Path,
         help="also run this notebook's code cells (gateway directly) and break each cell down",

@@ -112,8 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lost-after", type=float, default=180, help="a kernel with no cell run that long is lost"
     )
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--keep", action="store_true", help="keep the work folder (the logs)")
+    harness.add_output_arguments(parser, kept="the logs")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[chaos] %(asctime)s %(message)s")
     reports: list[dict[str, Any]] = []

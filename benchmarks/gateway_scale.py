@@ -608,8 +608,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--memory-floor-mib", type=float, default=3072,
         help="stop starting kernels when MemAvailable falls under this",
     )  # fmt: skip
-    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
-    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
+    harness.add_output_arguments(parser, kept="logs")
     parser.add_argument(
         "--quick", action="store_true",
         help="6 + 2 kernels, a 3-second stream at 10 cells/s: for the test suite",

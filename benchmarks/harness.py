@@ -37,6 +37,13 @@ def describe_machine() -> dict[str, Any]:
     }
 
 
+def add_output_arguments(parser: argparse.ArgumentParser, kept: str = "logs") -> None:
+    """The options `run_benchmark` reads: ``--json OUT`` and ``--keep`` (the work folder, which
+    holds `kept`)."""
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--keep", action="store_true", help=f"keep the work folder ({kept})")
+
+
 def run_benchmark(
     name: str,
     args: argparse.Namespace,
@@ -44,7 +51,7 @@ def run_benchmark(
     render: Callable[[dict[str, Any]], str],
 ) -> int:
     """`run` in a fresh work folder (kept with ``--keep``), SIGTERM handled like Ctrl-C; print
-    `render` of the report and write it to ``--json`` if given."""
+    `render` of the report and write it to ``--json`` if given (`add_output_arguments`)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up on SIGTERM as on Ctrl-C
     root = Path(tempfile.mkdtemp(prefix=f"kernelfleet-{name}-"))
     try:

@@ -196,8 +196,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--cells", type=int, default=200, help="timed cells per configuration")
     parser.add_argument("--warmup", type=int, default=10, help="untimed cells first, per kernel")
-    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
-    parser.add_argument("--keep", action="store_true", help="keep the work folder (server logs)")
+    harness.add_output_arguments(parser, kept="server logs")
     args = parser.parse_args(argv)
     if args.cells < 1 or args.warmup < 0:
         parser.error("--cells must be at least 1, --warmup at least 0")

@@ -113,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", type=int, default=6)
     parser.add_argument("--cells", type=int, default=60, help="timed cells per kernel")
     parser.add_argument("--warmup", type=int, default=5, help="untimed cells first, per kernel")
-    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
-    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
+    harness.add_output_arguments(parser, kept="logs")
     return harness.run_benchmark("raft_leader", parser.parse_args(argv), run, render)
 
 

@@ -510,8 +510,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--cells", type=int, default=40, help="timed cells per kernel")
     parser.add_argument("--cell-seconds", type=float, default=0.2, help="each cell's sleep")
-    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
-    parser.add_argument("--keep", action="store_true", help="keep the work folder (fleet logs)")
+    harness.add_output_arguments(parser, kept="fleet logs")
     args = parser.parse_args(argv)
     gpus = args.hosts * args.gpus_per_host
     args.kernels = gpus if args.kernels is None else args.kernels

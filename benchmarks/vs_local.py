@@ -375,8 +375,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the fleet's warm pool (GatewayApp.kernel_pool_size); > 0 also times cold starts "
         "on a second fleet without one",
     )  # fmt: skip
-    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
-    parser.add_argument("--keep", action="store_true", help="keep the work folder (server logs)")
+    harness.add_output_arguments(parser, kept="server logs")
     parser.add_argument(
         "--quick", action="store_true",
         help="5 cells, 1 start, the pandas notebook once: for the test suite",
