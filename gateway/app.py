@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import signal
-import time
 from pathlib import Path
 from typing import cast
 
@@ -566,7 +565,9 @@ class GatewayApp(Application):
             loop.add_signal_handler(signum, stop.set)
         log.info("gateway listening on http://%s:%d (policy %s)", self.ip, self.port, self.policy)
         write_runtime(self.state_dir, GatewayRuntime(self.local_url(), self.port, os.getpid()))
-        watcher = asyncio.create_task(self._watch_hosts(stop))
+        watcher = asyncio.create_task(
+            self.hosts.watch_liveness(max(0.2, self.heartbeat_timeout / 5), stop)
+        )
         sampler = asyncio.create_task(self._sample_usage(stop))
         recovery = asyncio.create_task(self.kernels.recover(grace=self.recovery_grace))
         objects_gc = asyncio.create_task(self._objects_collector().run())
@@ -729,12 +730,6 @@ class GatewayApp(Application):
         with contextlib.suppress(Exception):
             await asyncio.shield(recovery)
         await autoscaler.run(self.autoscale_interval, stop)
-
-    async def _watch_hosts(self, stop: asyncio.Event) -> None:
-        interval = max(0.2, self.heartbeat_timeout / 5)
-        while not stop.is_set():
-            self.hosts.check_liveness(time.monotonic())
-            await asyncio.sleep(interval)
 
     async def _sample_usage(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -12,8 +12,13 @@ How a lost host is seen (docs/architecture.md, "Host liveness"):
   outright is seen within milliseconds); a host that stops answering pings (stopped, its network
   cut) is closed by the gateway after the link's ping timeout (about 2 s). Either way
   `link_closed` marks it LOST, if that link was its current agent's;
-- **its heartbeats stop** (backstop, and the only path for an agent that keeps no link):
-  a host silent for ``heartbeat_timeout`` seconds is LOST (`check_liveness`).
+- **its heartbeats stop** (the path for an agent that keeps no link): a host without a link,
+  silent for ``heartbeat_timeout`` seconds, is LOST (`check_liveness`). A linked host whose
+  heartbeats are late is not: its link answers pings, so its agent is alive and heard, only
+  busy (a report of many replicas) or held up by the gateway's own loop. A scale run lost a
+  second host that way, after a stall of the gateway's loop that the lost first one caused.
+  `watch_liveness` also skips a round after the gateway itself stalled, so the heartbeats
+  queued meanwhile are applied before anyone is judged.
 
 A heartbeat brings a LOST host back to ALIVE. Bad input: a report with a wrong token is refused
 (401) and logged once per agent (`refuse_token`); a second agent claiming a live host's id (another
@@ -23,8 +28,10 @@ address, and the first is left alone.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -366,10 +373,18 @@ class HostRegistry:
         return host
 
     def check_liveness(self, now: float) -> list[HostRecord]:
-        """Mark hosts silent for longer than the heartbeat timeout LOST; return them."""
+        """Mark the hosts without a link that were silent for longer than the heartbeat timeout
+        LOST; return them. A linked host's loss is its link's to tell (`link_closed`)."""
         lost = []
         for host in self._hosts.values():
             if host.alive and now - host.last_seen > self._heartbeat_timeout:
+                if host.link is not None:
+                    log.debug(
+                        "host %s: no heartbeat for %.1f s, but its link answers pings",
+                        host.id,
+                        now - host.last_seen,
+                    )
+                    continue
                 log.error(
                     "host %s missed its heartbeats for %.1f s: marked lost",
                     host.id,
@@ -378,6 +393,20 @@ class HostRegistry:
                 self._lost(host, f"missed its heartbeats for {now - host.last_seen:.1f} s")
                 lost.append(host)
         return lost
+
+    async def watch_liveness(self, interval: float, stop: asyncio.Event) -> None:
+        """`check_liveness` every `interval` seconds until `stop` is set, except in a round
+        that began more than `interval` late: the gateway's loop stalled, no heartbeat could be
+        applied meanwhile, and those that queued up are applied first (one round later)."""
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            due = loop.time() + interval
+            await asyncio.sleep(interval)
+            late = loop.time() - due
+            if late > interval:
+                log.info("the gateway stalled %.1f s: hosts are judged next round", late)
+                continue
+            self.check_liveness(time.monotonic())
 
     def stopping(self, host_id: str) -> None:
         """A drained host is about to be stopped (the autoscaler's `HostRetirement`): it stays

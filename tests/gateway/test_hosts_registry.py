@@ -7,7 +7,9 @@ address) or one taking over a lost host is not; a wrong token is logged once per
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 import pytest
 
@@ -120,17 +122,48 @@ def test_a_wrong_token_is_logged_once_per_agent(registry, caplog) -> None:
     assert caplog.text.count("wrong fleet token") == 2
 
 
-def test_a_host_back_after_missed_heartbeats_is_lost_again_when_its_open_link_closes(
+def test_late_heartbeats_lose_a_host_without_a_link_but_not_one_whose_link_is_open(
     registry,
 ) -> None:
+    """A linked agent answers the link's pings: late heartbeats mean it is busy or the gateway
+    stalled, not that it is gone. Its link's close loses it; an unlinked host is judged by its
+    heartbeats."""
     hosts, listener, _ = registry
     hosts.report("h1", report(), now=0.0)
+    hosts.report("h2", report("http://10.0.0.2:9000", "b"), now=0.0)
     link = hosts.link_opened("h1", "a")
-    hosts.check_liveness(now=6.0)  # heartbeats late, the link still open
-    assert hosts.get("h1").lost_why == "missed its heartbeats for 6.0 s"
-    hosts.report("h1", report(), now=7.0)
+    assert [host.id for host in hosts.check_liveness(now=6.0)] == ["h2"]
+    assert hosts.get("h1").state is HostState.ALIVE
+    assert hosts.get("h2").lost_why == "missed its heartbeats for 6.0 s"
     assert hosts.link_closed("h1", link, "its agent's connection closed") is not None
-    assert listener.lost == ["h1", "h1"]
+    assert hosts.get("h1").lost_why == "its agent's connection closed"
+    assert listener.lost == ["h2", "h1"]
+
+
+async def test_the_liveness_watch_judges_nobody_right_after_the_gateway_stalled() -> None:
+    """A stall of the gateway's loop longer than the heartbeat timeout (a long write, say) left
+    every host's heartbeats queued; the round that wakes late judges nobody, and the queued
+    heartbeats are applied before the next. A host that really went silent is lost after."""
+    hosts = HostRegistry("token", heartbeat_timeout=0.3)
+    listener = Listener()
+    hosts.listen(listener)
+    stop = asyncio.Event()
+    hosts.report("h1", report(), now=time.monotonic())
+    hosts.report("h2", report("http://10.0.0.2:9000", "b"), now=time.monotonic())
+    watch = asyncio.create_task(hosts.watch_liveness(0.05, stop))
+    await asyncio.sleep(0.1)
+    time.sleep(0.5)  # noqa: ASYNC251 - the stall itself: nothing on the loop runs
+    await asyncio.sleep(0)  # the watch's late round comes first, as after a real stall
+    hosts.report("h1", report(), now=time.monotonic())  # the heartbeats that queued up
+    hosts.report("h2", report("http://10.0.0.2:9000", "b"), now=time.monotonic())
+    await asyncio.sleep(0.15)
+    assert listener.lost == []
+    for _ in range(10):  # h1 keeps beating; h2 went silent for good
+        hosts.report("h1", report(), now=time.monotonic())
+        await asyncio.sleep(0.05)
+    stop.set()
+    await watch
+    assert listener.lost == ["h2"]
 
 
 def test_a_host_says_its_kind_and_a_bad_kind_is_refused_naming_the_field(registry) -> None:
