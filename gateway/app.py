@@ -75,6 +75,7 @@ class GatewayApp(Application):
         "policy": "GatewayApp.policy",
         "replicas": "GatewayApp.replicas",
         "kernel-pool-size": "GatewayApp.kernel_pool_size",
+        "kernel-pool-max": "GatewayApp.kernel_pool_max",
         "log-level": "Application.log_level",
         "min-hosts": "GatewayApp.min_hosts",
         "max-hosts": "GatewayApp.max_hosts",
@@ -131,6 +132,14 @@ class GatewayApp(Application):
         "held) ahead of kernel starts, which take one and return at once; a start the pool "
         "cannot serve (pool empty, another kernelspec, env beyond KERNEL_*) starts cold. "
         "Each costs its replicas' idle memory. 0: no pool.",
+    )
+    kernel_pool_max = Int(
+        0,
+        config=True,
+        help="The most groups the warm pool grows to when kernel starts come in bursts: it keeps "
+        "as many as the most starts seen within one refill time over the last 10 minutes, "
+        "between kernel_pool_size and this. 0 (or anything up to kernel_pool_size): it "
+        "keeps kernel_pool_size.",
     )
     replicas = Int(
         3,
@@ -328,6 +337,14 @@ class GatewayApp(Application):
             raise TraitError("a kernel needs at least 1 replica")
         return proposal["value"]
 
+    @validate("kernel_pool_max")
+    def _check_pool_max(self, proposal: dict) -> int:
+        if proposal["value"] < 0:
+            raise TraitError(
+                f"kernel_pool_max must be >= 0 (0: no growth), not {proposal['value']}"
+            )
+        return proposal["value"]
+
     @validate("kernel_pool_size")
     def _check_pool_size(self, proposal: dict) -> int:
         if proposal["value"] < 0:
@@ -456,6 +473,7 @@ class GatewayApp(Application):
             kernel_tokens=KernelTokens(self.token),
             events=self.events,
             pool_size=self.kernel_pool_size,
+            pool_ceiling=self.kernel_pool_max,
             pool_file=Path(self.state_dir) / "pool.json",
         )
         self.kernels.metrics.registry.on_collect(self._collect_gpu_metrics)

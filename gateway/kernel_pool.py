@@ -23,6 +23,13 @@ process starts, so they need a launch), and not under a policy that holds a kern
 its whole life (those are placed with their GPUs). A burst larger than the pool: the first
 starts take the groups ready, the rest start cold.
 
+**How many.** At least `size` groups, and up to `ceiling` when starts come in bursts: the
+pool keeps as many groups as the most starts it was asked for within one refill time (the
+longest of its last few fills) over the last `DEMAND_WINDOW` seconds (`pool_target`), so that a
+burst like the largest recent one is served from the pool while it refills. Groups beyond the
+target once a burst is forgotten are stopped, newest first. `ceiling` equal to `size` (the
+default) keeps the pool at `size`.
+
 **Keeping it full.** A group whose replica died, or whose host is lost or draining, is stopped
 and replaced without any start seeing it; one that fails its bind is stopped and the start
 tries the next. When no group can be placed (no capacity) or launched, the reason is logged
@@ -42,6 +49,8 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import deque
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -75,7 +84,23 @@ replicas yet (sent before the launch ended) is not taken for a loss."""
 LEFTOVER_WINDOW = 60.0
 """Seconds after a gateway starts during which it stops the replicas of a previous gateway's
 pooled groups as their hosts report them (hosts re-register within a few heartbeats)."""
+DEMAND_WINDOW = 600.0
+"""Seconds of kernel starts the pool remembers when it sizes itself (`pool_target`)."""
+FILLS_REMEMBERED = 5
+"""How many recent fill times the refill time is the longest of."""
 _RUNNING = ("starting", "ready")
+
+
+def pool_target(starts: Sequence[float], refill_s: float, floor: int, ceiling: int) -> int:
+    """How many groups a pool should hold: the most of `starts` (times in ascending order)
+    that fall within any `refill_s` seconds, so that such a burst finds a group for each start
+    while the pool refills; never under `floor` nor over `ceiling`."""
+    most, first = 0, 0
+    for last, at in enumerate(starts):
+        while at - starts[first] > refill_s:
+            first += 1
+        most = max(most, last - first + 1)
+    return max(floor, min(ceiling, most))
 
 
 class KernelPool:
@@ -92,8 +117,14 @@ class KernelPool:
         context: zmq.asyncio.Context,
         metrics: FleetMetrics,
         state_file: Path | None = None,
+        ceiling: int = 0,
     ) -> None:
         self.size = size
+        self.ceiling = max(size, ceiling)
+        """The most groups it grows to for bursts of starts (`size`: it never grows)."""
+        self._starts: deque[float] = deque()
+        """When each start it could serve asked for a group (time.monotonic()), recent ones."""
+        self._fill_times: deque[float] = deque(maxlen=FILLS_REMEMBERED)
         self._file = state_file
         """Where the ids of the groups it holds are kept (None: nowhere)."""
         self._leftovers = self._load()
@@ -123,6 +154,17 @@ class KernelPool:
         are in use)."""
         return {kernel.id for kernel, _ in self._ready} | set(self._filling)
 
+    @property
+    def target(self) -> int:
+        """How many groups it holds now (see "How many" in the module docstring)."""
+        if self.ceiling <= self.size:
+            return self.size
+        cutoff = time.monotonic() - DEMAND_WINDOW
+        while self._starts and self._starts[0] < cutoff:
+            self._starts.popleft()
+        refill_s = max(self._fill_times, default=0.0)
+        return pool_target(self._starts, refill_s, self.size, self.ceiling)
+
     def unfit(self, kernel: KernelRecord, per_session: bool) -> str | None:
         """Why `kernel`'s start cannot take a pooled group (None: it can)."""
         if self.size <= 0:
@@ -145,6 +187,8 @@ class KernelPool:
         notebook path), under the group's own kernel id; None when none is ready (the start
         is then cold). A group found dead or failing its bind is stopped and the next one
         tried. The pool is refilled in the background."""
+        self._starts.append(time.monotonic())
+        self._wake.set()
         while self._ready:
             kernel, ready_since = self._ready[0]
             small = self._too_small(kernel, start.gpus)
@@ -209,14 +253,25 @@ class KernelPool:
                 return
             if self.size > 0:
                 self._check_health()
+                self._shrink()
                 if any(host.takes_work for host in self._hosts.all()):  # none: nothing to say
                     self._refill()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), REFILL_RETRY)
 
+    def _shrink(self) -> None:
+        """Stop the ready groups beyond the target, newest first (a burst was forgotten)."""
+        target = self.target
+        while len(self._ready) > target:
+            kernel, _ = self._ready.pop()
+            self._changed()
+            self._give_up(kernel, f"the pool keeps {target} group(s) now", replaced=False)
+
     def _refill(self) -> None:
-        while len(self._ready) + len(self._filling) < self.size:
+        target = self.target
+        self._metrics.pool_target.set(target)
+        while len(self._ready) + len(self._filling) < target:
             kernel = self._new_kernel()
             try:
                 placement = self._admission.place(kernel)
@@ -255,6 +310,7 @@ class KernelPool:
             self._give_up(kernel, "the pool is closing")
             return
         self._said = ""
+        self._fill_times.append(time.monotonic() - started)
         self._ready.append((kernel, time.monotonic()))
         self._changed()
         log.info(
@@ -296,9 +352,9 @@ class KernelPool:
             return f"is {model.get('state')} (exit code {model.get('exit_code')})"
         return None
 
-    def _give_up(self, kernel: KernelRecord, why: str) -> None:
-        """Stop a pooled group (in the background); the refill replaces it."""
-        if self._closed:
+    def _give_up(self, kernel: KernelRecord, why: str, replaced: bool = True) -> None:
+        """Stop a pooled group (in the background); the refill replaces it if `replaced`."""
+        if self._closed or not replaced:
             log.info("pooled group %s stopped: %s", kernel.id, why)
         else:
             log.info("pooled group %s given up and replaced: %s", kernel.id, why)

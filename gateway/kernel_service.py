@@ -98,6 +98,7 @@ class KernelService:
         events: EventBus | None = None,
         pool_size: int = 0,
         pool_file: Path | None = None,
+        pool_ceiling: int = 0,
     ) -> None:
         self._hosts = hosts
         self._policy = policy
@@ -141,6 +142,7 @@ class KernelService:
         self.pool = KernelPool(
             pool_size, default, self._replication.plan(kernelspecs.launch(default).base),
             self._admission, self._launcher, hosts, self._context, self.metrics, pool_file,
+            pool_ceiling,
         )  # fmt: skip
         """Groups of the default kernelspec started ahead of kernel starts (`run` keeps it
         full once the app starts it; `close` stops them)."""

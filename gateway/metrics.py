@@ -147,6 +147,11 @@ class FleetMetrics:
             "Pre-started replica groups ready to serve a kernel start.",
             registry=r,
         )
+        self.pool_target = Gauge(
+            "kernelfleet_kernel_pool_target",
+            "Replica groups the warm pool keeps now (its size, more after bursts of starts).",
+            registry=r,
+        )
         self.hosts_added = Counter(
             "kernelfleet_scale_out_hosts_total",
             "Hosts the autoscaler started (scale-outs).",

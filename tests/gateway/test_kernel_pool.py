@@ -240,3 +240,43 @@ def test_a_killed_gateways_pooled_group_is_stopped_by_the_next_one(fleet_factory
     assert f"it is of pooled group {left}, which a previous gateway left" in fleet.log("gateway")
     wait_for(lambda: len(pooled_replicas(fleet)) == 1, 60, "the new gateway's own pooled group")
     assert left not in pooled_replicas(fleet)
+
+
+def test_a_burst_of_starts_grows_the_pool_so_the_next_burst_is_served_from_it(fleet_factory):
+    """``kernel_pool_max``: after a burst larger than the pool (its first start pooled, the
+    others cold), the pool keeps as many groups as the burst had starts, up to the maximum, and
+    a second burst like it is served from the pool entirely."""
+    fleet = fleet_factory(
+        hosts=1, gpus=1, replicas=1,
+        gateway_args=("--GatewayApp.kernel_pool_size=1", "--GatewayApp.kernel_pool_max=3"),
+    )  # fmt: skip
+
+    def ready(count):
+        wait_for(
+            lambda: metric(fleet, "kernelfleet_kernel_pool_ready") == count, 90,
+            f"the pool to hold {count} ready group(s)",
+        )  # fmt: skip
+
+    def burst():
+        ids: list[str] = []
+
+        def start_one():
+            ids.append(fleet.api("POST", "/api/kernels", {"name": "python3"}, expect=201)["id"])
+
+        threads = [threading.Thread(target=start_one) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return ids
+
+    ready(1)
+    assert metric(fleet, "kernelfleet_kernel_pool_target") == 1
+    first = burst()
+    assert (starts(fleet, "pool"), starts(fleet, "cold")) == (1, 2)
+    ready(3)
+    assert metric(fleet, "kernelfleet_kernel_pool_target") == 3
+    second = burst()
+    assert (starts(fleet, "pool"), starts(fleet, "cold")) == (4, 2)
+    for kernel_id in first + second:
+        fleet.api("DELETE", f"/api/kernels/{kernel_id}", expect=204)

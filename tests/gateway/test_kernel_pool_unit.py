@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from kernelfleet.errors import NoCapacity
-from kernelfleet.gateway.kernel_pool import KernelPool
+from kernelfleet.gateway.kernel_pool import KernelPool, pool_target
 from kernelfleet.gateway.metrics import FleetMetrics
 from kernelfleet.gateway.records import KernelRecord
 
@@ -89,3 +89,32 @@ class NoHost:
 
     def all(self):
         return []
+
+
+@pytest.mark.parametrize(
+    ("starts", "refill_s", "floor", "ceiling", "target"),
+    [
+        ([], 2.0, 1, 4, 1),  # no demand seen: the floor
+        ([0.0, 10.0, 20.0], 2.0, 1, 4, 1),  # one at a time: one group serves each
+        ([0.0, 0.5, 1.0, 10.0], 2.0, 1, 4, 3),  # a burst of 3 within one refill
+        ([0.0, 0.5, 1.0, 2.5, 3.0], 2.0, 1, 4, 3),  # the burst is the densest window, not all
+        ([0.0, 0.1, 0.2, 0.3, 0.4, 0.5], 2.0, 1, 4, 4),  # never above the ceiling
+        ([0.0, 0.1], 2.0, 3, 4, 3),  # never below the floor
+    ],
+)
+def test_the_pool_target_is_the_largest_burst_within_one_refill(
+    starts, refill_s, floor, ceiling, target
+):
+    assert pool_target(starts, refill_s, floor, ceiling) == target
+
+
+async def test_a_pool_grows_after_a_burst_of_starts_only_up_to_its_ceiling():
+    fixed = pool(size=1)
+    growing = KernelPool(
+        1, "python3", LAUNCH, NoRoom(), None, OneHost(), None, FleetMetrics(), ceiling=3
+    )
+    for each in (fixed, growing):
+        each._fill_times.append(2.0)  # a group takes 2 s to start
+        for _ in range(5):  # a burst: nothing ready, every start is cold
+            assert await each.take(start()) is None
+    assert (fixed.target, growing.target) == (1, 3)

@@ -101,6 +101,10 @@ FAMILIES = {  # as the gateway exported them before prometheus_client, HELP text
         "gauge",
         "Pre-started replica groups ready to serve a kernel start.",
     ),
+    "kernelfleet_kernel_pool_target": (
+        "gauge",
+        "Replica groups the warm pool keeps now (its size, more after bursts of starts).",
+    ),
     "kernelfleet_scale_out_hosts_total": ("counter", "Hosts the autoscaler started (scale-outs)."),
     "kernelfleet_scale_in_hosts_total": ("counter", "Hosts the autoscaler stopped (scale-ins)."),
     "kernelfleet_ledger_breaches_total": (
