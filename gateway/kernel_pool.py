@@ -187,8 +187,9 @@ class KernelPool:
         notebook path), under the group's own kernel id; None when none is ready (the start
         is then cold). A group found dead or failing its bind is stopped and the next one
         tried. The pool is refilled in the background."""
-        self._starts.append(time.monotonic())
-        self._wake.set()
+        if self.ceiling > self.size:  # the demand it sizes itself by
+            self._starts.append(time.monotonic())
+            self._wake.set()
         while self._ready:
             kernel, ready_since = self._ready[0]
             small = self._too_small(kernel, start.gpus)
