@@ -337,7 +337,11 @@ class KernelService:
             old_connections = [replica.connection for replica in kernel.replicas]
             try:
                 if kernel.replicated:
-                    await self._replace_group(kernel)
+                    # A new group: the old replicas' journals would replay the old state.
+                    await self._launcher.stop(kernel, kernel.replicas)
+                    await self._launcher.launch_group(
+                        kernel, self._admission.place(kernel).host_ids
+                    )
                 else:
                     for index, replica in enumerate(list(kernel.replicas)):
                         kernel.replicas[index] = await self._restart_replica(kernel, replica)
@@ -358,22 +362,6 @@ class KernelService:
             self._linker.announce(kernel, "idle")
             self._kernels.persist()
             return kernel
-
-    async def _replace_group(self, kernel: KernelRecord) -> None:
-        """A replicated kernel restarts as a new group (the old replicas' journals would replay
-        the old state), launched while the old one stops: the old replicas' GPU claims go back
-        first, so the new group's placement may use them, and then both run at once. Returns
-        once the old replicas are gone and the new group is linked; raises what the launch
-        raised (the stop only logs its failures)."""
-        old = list(kernel.replicas)
-        for replica in old:
-            self._launcher.unsubscribe(kernel, replica)
-        host_ids = self._admission.place(kernel).host_ids
-        stopping = asyncio.ensure_future(self._launcher.stop(kernel, old))
-        try:
-            await self._launcher.launch_group(kernel, host_ids)
-        finally:
-            await stopping
 
     async def _restart_replica(self, kernel: KernelRecord, replica: ReplicaRecord) -> ReplicaRecord:
         """`replica` restarted in place, else a new one where the policy places it."""
