@@ -160,10 +160,9 @@ class KernelPool:
         if self.ceiling <= self.size:
             return self.size
         cutoff = time.monotonic() - DEMAND_WINDOW
-        while self._starts and self._starts[0] < cutoff:
-            self._starts.popleft()
+        recent = [at for at in self._starts if at >= cutoff]
         refill_s = max(self._fill_times, default=0.0)
-        return pool_target(self._starts, refill_s, self.size, self.ceiling)
+        return pool_target(recent, refill_s, self.size, self.ceiling)
 
     def unfit(self, kernel: KernelRecord, per_session: bool) -> str | None:
         """Why `kernel`'s start cannot take a pooled group (None: it can)."""
@@ -188,7 +187,10 @@ class KernelPool:
         is then cold). A group found dead or failing its bind is stopped and the next one
         tried. The pool is refilled in the background."""
         if self.ceiling > self.size:  # the demand it sizes itself by
-            self._starts.append(time.monotonic())
+            now = time.monotonic()
+            self._starts.append(now)
+            while self._starts[0] < now - DEMAND_WINDOW:
+                self._starts.popleft()
             self._wake.set()
         while self._ready:
             kernel, ready_since = self._ready[0]

@@ -39,7 +39,7 @@ class LeadershipSeeker:
 
     @property
     def asking(self) -> asyncio.Task[bool] | None:
-        """The request in flight, if any (for tests and the replica's shutdown)."""
+        """The request in flight, if any."""
         return self._asking if self._asking is not None and not self._asking.done() else None
 
     def after_cell(self) -> None:
