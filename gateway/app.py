@@ -38,6 +38,7 @@ from kernelfleet.gateway.kernel_service import KernelService
 from kernelfleet.gateway.kernel_tokens import KernelTokens
 from kernelfleet.gateway.kernelspecs import KernelSpecCatalog, container_kernelspecs
 from kernelfleet.gateway.loop_lag import probe_loop_lag
+from kernelfleet.gateway.membership import GatewayMember
 from kernelfleet.gateway.objects_gc import KernelObjectsCollector
 from kernelfleet.gateway.records import ReplicationSettings
 from kernelfleet.gateway.store import KernelStore, StateUnreadable
@@ -79,6 +80,9 @@ class GatewayApp(Application):
         "log-level": "Application.log_level",
         "min-hosts": "GatewayApp.min_hosts",
         "max-hosts": "GatewayApp.max_hosts",
+        "group-members": "GatewayApp.group_members",
+        "group-address": "GatewayApp.group_address",
+        "group-url": "GatewayApp.group_url",
     }
     flags = {
         "autoscale": (
@@ -93,6 +97,7 @@ class GatewayApp(Application):
     kernelspecs: KernelSpecCatalog
     jobs: JobService
     autoscaler: Autoscaler | None = None
+    member: GatewayMember | None = None
 
     ip = Unicode(
         "127.0.0.1", config=True, help="Address to listen on (loopback unless configured)."
@@ -109,6 +114,24 @@ class GatewayApp(Application):
             "runtime.json while it runs: url, port, pid); a gateway started again on it resumes "
             "them. Default: $KERNELFLEET_STATE_DIR, else .kernelfleet/gateway."
         ),
+    )
+    group_members = Unicode(
+        config=True,
+        help=(
+            "A replicated gateway: the Raft addresses (host:port, comma separated, an odd number "
+            "of at least 3) of every member of its group, this one's included. The group's "
+            "leader serves; the others answer 503 until they lead (docs/deploy.md). Needs "
+            "--group-address and an explicit token, the same on every member. Empty: a lone "
+            "gateway."
+        ),
+    )
+    group_address = Unicode(
+        config=True, help="This member's Raft address (host:port), one of --group-members."
+    )
+    group_url = Unicode(
+        config=True,
+        help="The URL the other members and the proxy reach this member's API at (what a "
+        "standby names as the member that serves). Default: its ip and port.",
     )
     policy = Unicode(
         "notebookos", config=True, help="Scheduling policy (entry point in kernelfleet.policies)."
@@ -389,10 +412,44 @@ class GatewayApp(Application):
         self.init_logging()
         self.init_open_files()
         self.init_state_dir()
+        if self.group_members:
+            self.init_member()
+            return  # the rest once this member serves (`serve_as_member`)
+        self.init_serving()
+
+    def init_serving(self) -> None:
+        """The services and the web application, from the state folder as it is now."""
         self.init_services()
         self.init_kernels()
         self.init_jobs()
         self.init_webapp()
+
+    def init_member(self) -> None:
+        """Join the gateway group (`kernelfleet.gateway.membership`); exit 2 naming what is
+        wrong with the group's settings."""
+        members = [member.strip() for member in self.group_members.split(",") if member.strip()]
+        if "KERNELFLEET_TOKEN" not in os.environ and "token" not in self.config.GatewayApp:
+            self.log.critical("a gateway group needs the same token on every member: --token")
+            self.exit(2)
+        if "stop_kernels_on_exit" not in self.config.GatewayApp:
+            self.stop_kernels_on_exit = False  # another member serves them next
+        if "object_store_root" not in self.config.GatewayApp:
+            log.warning(
+                "every member of a gateway group needs the same object store root "
+                "(--GatewayApp.object_store_root, a shared mount): this one uses %s",
+                self.object_store_root,
+            )
+        try:
+            self.member = GatewayMember(
+                self.group_address,
+                members,
+                self.group_url,
+                self.token,
+                Path(self.state_dir),
+            )
+        except (ValueError, FleetError) as e:
+            self.log.critical("cannot join the gateway group: %s", e)
+            self.exit(2)
 
     def init_logging(self) -> None:
         level = cast(int, self.log_level)
@@ -554,9 +611,16 @@ class GatewayApp(Application):
             autoscaling=lambda: None if self.autoscaler is None else self.autoscaler.model(),
             metrics=self.kernels.metrics.registry,
             relink_timeout=self.recovery_grace + self.launch_timeout,
+            serving=self._serving,
             websocket_max_message_size=1 << 30,
             log_function=log_request,
         )
+
+    def _serving(self) -> tuple[int, str]:
+        """(term, URL) this gateway serves in: its group's term, 0 for a lone gateway."""
+        if self.member is None:
+            return 0, self.local_url()
+        return self.member.term, self.member.url
 
     def _collect_gpu_metrics(self) -> None:
         """Set the GPU gauges from the ledger and the usage window, just before /metrics
@@ -593,6 +657,7 @@ class GatewayApp(Application):
         tool_workers = asyncio.create_task(self.tool_workers.run(stop))
         pool = asyncio.create_task(self.kernels.pool.run())
         loop_lag = asyncio.create_task(probe_loop_lag(self.kernels.metrics.loop_lag))
+        holding = None if self.member is None else asyncio.create_task(self.member.hold())
         scaling = None
         if provider is not None:
             self.autoscaler = self._autoscaler(provider)
@@ -609,6 +674,8 @@ class GatewayApp(Application):
         tool_workers.cancel()
         pool.cancel()
         loop_lag.cancel()
+        if holding is not None:
+            holding.cancel()
         if scaling is not None:
             scaling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -754,8 +821,21 @@ class GatewayApp(Application):
             self.kernels.sample_usage()
             await asyncio.sleep(self.usage_sample_interval)
 
+    async def serve_as_member(self, member: GatewayMember) -> None:
+        """Stand by until this member leads its group, then serve from the group's state."""
+
+        def listening(port: int) -> None:
+            self.port = port
+            member.url = member.url or self.local_url()
+            write_runtime(self.state_dir, GatewayRuntime(self.local_url(), port, os.getpid()))
+
+        await member.standby(self.ip, self.port, listening)
+        member.serve_from()
+        self.init_serving()
+        await self.serve()
+
     def start(self) -> None:
-        asyncio.run(self.serve())
+        asyncio.run(self.serve() if self.member is None else self.serve_as_member(self.member))
 
 
 main = GatewayApp.launch_instance

@@ -480,6 +480,34 @@ _PATHS: dict[str, Any] = {
             "responses": {"200": json_response({"type": "object"}, "OpenAPI 3."), **_AUTH_ERRORS},
         }
     },
+    "/api/fleet/serving": {
+        "get": {
+            "operationId": "getServing",
+            "summary": "Whether this gateway serves: a lone gateway always does; in a replicated "
+            "group, the member that leads (a standby answers 503 `not-serving`, naming the one "
+            "that serves). What `kernelfleet gateway-proxy` probes.",
+            "responses": {
+                "200": json_response(
+                    {
+                        "type": "object",
+                        "required": ["serving", "term", "member"],
+                        "properties": {
+                            "serving": {"type": "boolean", "enum": [True]},
+                            "term": {
+                                "type": "integer",
+                                "minimum": 0,
+                                "description": "The group's Raft term it serves in (0: a "
+                                "lone gateway).",
+                            },
+                            "member": {"type": "string", "description": "Its own URL."},
+                        },
+                    },
+                    "This gateway serves.",
+                ),
+                **_AUTH_ERRORS,
+            },
+        }
+    },
     "/api/fleet/hosts": {
         "get": {
             "operationId": "listHosts",

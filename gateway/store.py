@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +30,48 @@ class StateUnreadable(FleetError):
     reason = "state-unreadable"
 
 
+Replicate = Callable[[str, bytes], None]
+"""Commits a file's new content (its path relative to the mirrored folder, its bytes) to
+wherever it is replicated; raises if it cannot."""
+
+_mirrored: tuple[Path, Replicate] | None = None
+
+
+def mirror_writes(root: Path, replicate: Replicate) -> None:
+    """From now on, every `write_json_atomically` under `root` calls `replicate` first and
+    writes the file only once that returned (an exception from it propagates, and the file is
+    left as it was). One folder per process: a replicated gateway's state folder
+    (`kernelfleet.gateway.membership`)."""
+    global _mirrored
+    _mirrored = (Path(root).resolve(), replicate)
+
+
+def stop_mirroring() -> None:
+    """Undo `mirror_writes`: later writes are local only."""
+    global _mirrored
+    _mirrored = None
+
+
 def write_json_atomically(path: Path, data: Any, mode: int = 0o600) -> None:
     """Write `data` as JSON to `path` through a temporary file renamed over it (never torn),
-    readable by its owner only (`mode`)."""
-    text = json.dumps(data, indent=1)
+    readable by its owner only (`mode`); replicated first where `mirror_writes` says so."""
+    text = json.dumps(data, indent=1).encode()
+    if _mirrored is not None:
+        root, replicate = _mirrored
+        resolved = Path(path).resolve()
+        if resolved.is_relative_to(root):
+            replicate(str(resolved.relative_to(root)), text)
+    write_bytes_atomically(path, text, mode)
+
+
+def write_bytes_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write `data` to `path` through a temporary file renamed over it (never torn), readable
+    by its owner only (`mode`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".json")
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(temporary, mode)

@@ -68,6 +68,13 @@ class GpusUnavailable(FleetError):
     reason = "gpus-unavailable"
 
 
+class NotServing(FleetError):
+    """This gateway does not serve: a standby of a replicated group, or a member that lost
+    its group's majority (another member serves within seconds)."""
+
+    reason = "not-serving"
+
+
 class HostLimitReached(NoCapacity):
     """A host provider is at its configured maximum number of hosts."""
 

@@ -38,6 +38,7 @@ from kernelfleet.errors import (
     LedgerInconsistent,
     NoCapacity,
     NotFound,
+    NotServing,
     PermissionDenied,
 )
 from kernelfleet.protocol import KERNEL_TOKEN_PREFIX
@@ -55,6 +56,7 @@ STATUS_FOR_ERROR: dict[type[FleetError], int] = {
     GpusUnavailable: 503,
     LedgerInconsistent: 500,
     PermissionDenied: 403,
+    NotServing: 503,
 }
 
 REASON_FOR_STATUS = {

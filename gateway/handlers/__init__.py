@@ -13,6 +13,7 @@ from kernelfleet.gateway.handlers.fleet import (
     KernelMigrateHandler,
     OpenApiHandler,
     ReplicaMigrateHandler,
+    ServingHandler,
 )
 from kernelfleet.gateway.handlers.gpu_settings import KernelGpuSettingsHandler
 from kernelfleet.gateway.handlers.host_link import HostLinkHandler
@@ -47,6 +48,7 @@ def routes() -> list[tuple[str, type]]:
         (r"/api/fleet/openapi\.json", OpenApiHandler),
         (r"/api/fleet/events/?", FleetEventsHandler),
         (r"/api/fleet/events/stream", FleetEventsStreamHandler),
+        (r"/api/fleet/serving/?", ServingHandler),
         (r"/api/fleet/hosts/?", FleetHostsHandler),
         (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/link", HostLinkHandler),
         (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/drain", FleetHostDrainHandler),

@@ -125,6 +125,17 @@ class FleetHandler(GatewayHandler):
         self.write_json(fleet_model(self))
 
 
+class ServingHandler(GatewayHandler):
+    """``GET /api/fleet/serving``: 200 from a gateway that serves (a standby answers 503 from
+    `kernelfleet.gateway.membership.NotServingHandler`); what the gateway proxy probes."""
+
+    kernel_access = {"GET": _ANY}
+
+    def get(self) -> None:
+        term, member = self.settings["serving"]()
+        self.write_json({"serving": True, "term": term, "member": member})
+
+
 class FleetHostsHandler(GatewayHandler):
     kernel_access = {"GET": _ANY}
 
