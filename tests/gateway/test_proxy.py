@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
+import pytest
 import tornado.netutil
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest, HTTPResponse
 from tornado.httpserver import HTTPServer
@@ -22,6 +27,8 @@ from tornado.web import Application, RequestHandler
 from tornado.websocket import WebSocketHandler, websocket_connect
 
 from kernelfleet.gateway.proxy import GatewayProxy
+from kernelfleet.gateway.proxy_app import GatewayProxyApp
+from kernelfleet.runtime_file import GatewayRuntime, read_runtime
 from kernelfleet.testing import free_port, wait_until
 
 TOKEN = "proxy-test-token"
@@ -228,3 +235,70 @@ async def test_probes_carry_the_token_and_a_wrong_one_finds_no_member() -> None:
         async with proxy_of([a.url]) as proxy:
             await wait_until(lambda: proxy.serving == a.url, WITHIN, "a to be forwarded to")
         assert set(a.probes) == {f"token {TOKEN}"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "env_token", "says"),
+    [
+        ([f"--token={TOKEN}"], None, "--members is required"),
+        (["--members=http://gw1:8765,gw2:8765", f"--token={TOKEN}"], None, "'gw2:8765'"),
+        (["--members=http://gw1:8765/base", f"--token={TOKEN}"], None, "host and port only"),
+        (["--members=http://gw1:8765"], None, "a token is required"),
+        (["--members=http://gw1:8765"], "short", "at least 8 characters"),
+        (["--members", "http://gw1:8765", "http://gw2:8765", f"--token={TOKEN}"], None, "commas"),
+    ],
+)
+def test_bad_options_are_refused_with_a_clear_error(
+    argv: list[str],
+    env_token: str | None,
+    says: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    if env_token is None:
+        monkeypatch.delenv("KERNELFLEET_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("KERNELFLEET_TOKEN", env_token)
+    app = GatewayProxyApp()
+    app.log.propagate = True  # to caplog
+    with pytest.raises(SystemExit) as exited:
+        app.initialize(argv)
+    assert exited.value.code == 1
+    assert says in caplog.text
+
+
+def test_members_may_be_comma_separated_or_repeated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KERNELFLEET_TOKEN", TOKEN)
+    app = GatewayProxyApp()
+    app.check_required = lambda: None  # type: ignore[method-assign]
+    app.parse_command_line(["--members=http://a:1/,https://b:2", "--members=http://c:3"])
+    assert app.members == ["http://a:1", "https://b:2", "http://c:3"]
+
+
+async def test_the_command_listens_forwards_and_stops_on_sigterm(tmp_path: Path) -> None:
+    async with members(FakeMember("a", serving=True, term=1)) as (a,):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "kernelfleet",
+            "gateway-proxy",
+            "--port=0",
+            f"--members={a.url}",
+            f"--state-dir={tmp_path}",
+            "--probe-interval=0.05",
+            env={**os.environ, "KERNELFLEET_TOKEN": TOKEN},
+        )
+        try:
+            runtime = await wait_until(
+                lambda: read_runtime(tmp_path, GatewayRuntime, process.pid), 10, "runtime.json"
+            )
+            request = HTTPRequest(f"{runtime.url}/who", request_timeout=WITHIN)
+            response = await AsyncHTTPClient().fetch(request, raise_error=False)
+            assert (response.code, response.body) == (200, b"a")
+            process.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(process.wait(), WITHIN) == 0
+            assert not (tmp_path / "runtime.json").exists()
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
