@@ -22,6 +22,10 @@ class KernelfleetApp(Application):
             "kernelfleet.gateway.app.GatewayApp",
             "Start the gateway (the Jupyter gateway API and the fleet admin API).",
         ),
+        "gateway-proxy": (
+            "kernelfleet.gateway.proxy_app.GatewayProxyApp",
+            "Forward one address to whichever gateway member serves.",
+        ),
         "simulate": ("kernelfleet.scheduler.simulator.app.SimulateApp", "Simulate a trace."),
         "demand": (
             "kernelfleet.scheduler.demand_app.DemandApp",
