@@ -12,7 +12,9 @@ The probe's contract (the member's side of it is the gateway's ``/api/fleet/serv
 - a standby answers 503 with ``{"reason": "not-serving", "message": ..., "serving": <url|null>}``;
 - a dead member does not answer (refused, or no answer within ``probe_timeout``).
 
-A member serves iff it answers 200 with ``serving`` true. When two claim to serve (a brief
+A member serves iff it answers 200 with ``serving`` true; the member already served keeps
+serving through probes that time out, unless another claims a later term (a stalled loop is
+not a failover). When two claim to serve (a brief
 overlap during a failover), the one with the higher ``term`` wins; on equal terms the member
 already forwarded to stays, else the first in ``members`` order.
 
@@ -36,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.simple_httpclient import HTTPTimeoutError
 
 log = logging.getLogger("kernelfleet.gateway.proxy")
 
@@ -162,6 +165,8 @@ class GatewayProxy:
         self._http: AsyncHTTPClient | None = None
         self._refused: set[str] = set()
         """Members whose last answer refused the token (warned about once)."""
+        self._silent: set[str] = set()
+        """Members whose probe of this round timed out (no answer, no refusal)."""
 
     async def start(self, host: str, port: int) -> int:
         """Listen on `host`:`port` (0: a free port) and start probing; returns the bound port."""
@@ -198,8 +203,12 @@ class GatewayProxy:
         next one runs: without rounds no connection would ever be forwarded."""
         while True:
             try:
+                self._silent.clear()
                 found = await asyncio.gather(*(self._probe(member) for member in self.members))
-                self._decide([claim for claim in found if claim is not None])
+                claims = [claim for claim in found if claim is not None]
+                if self.serving in self._silent and self.term is not None:
+                    claims.append(Claim(self.serving, self.term))  # slow, not gone: see _decide
+                self._decide(claims)
                 async with self._decided:
                     self._decided.notify_all()
             except Exception:
@@ -218,7 +227,11 @@ class GatewayProxy:
         )
         try:
             response = await self._http.fetch(request, raise_error=False)
-        except Exception as e:  # refused, timed out, TLS...: no claim, and the rounds go on
+        except HTTPTimeoutError as e:
+            log.debug("probe of %s: no answer in %g s (%s)", member, self.probe_timeout, e)
+            self._silent.add(member)
+            return None
+        except Exception as e:  # refused, TLS...: no claim, and the rounds go on
             log.debug("probe of %s: no answer (%s)", member, e)
             return None
         self._note_refusal(member, response.code)
@@ -246,7 +259,9 @@ class GatewayProxy:
 
     def _decide(self, claims: Sequence[Claim]) -> None:
         """Take this round's claims: on a change of member, log it and close every connection
-        to the old one."""
+        to the old one. The member served so far counts as still claiming its term when its
+        probe timed out (a gateway whose loop stalls for a second must not lose every
+        websocket): only a claim of a later term, a refusal or a 503 moves the proxy off it."""
         chosen = choose(claims, self.serving)
         member = None if chosen is None else chosen.member
         first = self.rounds == 0

@@ -44,6 +44,8 @@ class FakeMember:
         self.name = name
         self.serving = serving
         self.term = term
+        self.stall = 0.0
+        """Seconds its probe answers wait (a gateway whose loop is stalled)."""
         self.probes: list[str | None] = []
         """The Authorization header of every probe, as received."""
         self.requests = 0
@@ -77,9 +79,10 @@ class ServingHandler(RequestHandler):
     def initialize(self, member: FakeMember) -> None:
         self.member = member
 
-    def get(self) -> None:
+    async def get(self) -> None:
         header = self.request.headers.get("Authorization")
         self.member.probes.append(header)
+        await asyncio.sleep(self.member.stall)
         self.set_header("Content-Type", "application/json")
         if header != f"token {TOKEN}":
             self.set_status(403)
@@ -221,6 +224,22 @@ async def test_the_higher_term_wins_when_two_claim_to_serve() -> None:
         old.term = 6
         await wait_until(lambda: proxy.serving == old.url, WITHIN, "the term 6 member")
         assert (await get(proxy, "/who")).body == b"old"
+
+
+async def test_a_serving_member_whose_probes_time_out_keeps_its_connections() -> None:
+    first, second = FakeMember("first", serving=True, term=1), FakeMember("second")
+    async with members(first, second), proxy_of([first.url, second.url]) as proxy:
+        await wait_until(lambda: proxy.serving == first.url, WITHIN, "the serving member")
+        ws = await websocket_connect(f"ws://{proxy.address}/echo")
+        first.stall = 1.0  # over probe_timeout: its probes time out
+        rounds = proxy.rounds
+        await wait_until(lambda: proxy.rounds >= rounds + 3, WITHIN * 3, "three probe rounds")
+        assert proxy.serving == first.url, "a slow member is not a failover"
+        await ws.write_message("still")
+        assert await ws.read_message() == "first:still"
+        second.serving, second.term = True, 2
+        await wait_until(lambda: proxy.serving == second.url, WITHIN * 3, "the later term")
+        assert await ws.read_message() is None, "closed once another member serves"
 
 
 async def test_probes_carry_the_token_and_a_wrong_one_finds_no_member() -> None:
