@@ -14,7 +14,10 @@ command line) with a fresh process that comes back as a standby. A member cut of
 majority stops leading within the group's leader fallback (1.5 s); its writes cannot commit
 meanwhile. From the first failed write or the loss of leadership, whichever comes first, it
 answers every write 503 `not-serving`, and restarts `STEP_DOWN_GRACE_S` later, once the
-requests in flight had their answer. The minority side never changes the fleet's state.
+requests in flight had their answer. A majority that goes on without it never sees those
+writes. (As with any Raft write whose commit was not confirmed, one may still take effect if
+this member's log is the one the group keeps when it rejoins, say if it is elected again: the
+503 says so.)
 """
 
 from __future__ import annotations
@@ -49,8 +52,9 @@ STEP_DOWN_GRACE_S = 2.0
 """A member that stops leading refuses every write at once (503 `not-serving`), and restarts as
 a standby this much later, so the requests in flight are answered, not cut."""
 _LOST_MAJORITY = (
-    "this gateway lost its group's majority and no longer serves, so what was asked is not "
-    "kept: retry, another member serves within seconds"
+    "this gateway lost its group's majority and no longer serves: what was asked takes effect "
+    "only if the group later keeps this gateway's log, so check before retrying; another member "
+    "serves within seconds"
 )
 WRITE_TIMEOUT_S = 3.0
 """A state write that has not committed by then (no majority) makes the member step down. A
