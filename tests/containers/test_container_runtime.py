@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import zipfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from kernelfleet.errors import Conflict, KernelStartFailed
+from kernelfleet.kernels.agent.containers import images
 from kernelfleet.kernels.agent.containers.engine import (
     LABEL_HOST,
     LABEL_REPLICA,
@@ -321,3 +323,35 @@ def test_a_listing_leaves_out_containers_removed_while_it_runs(engine: Engine, k
             assert {c.id for c in listed} <= set(ids)
         remover.join()
     assert list_containers(client, {"label": ["io.kernelfleet.test=listing-race"]}) == []
+
+
+def test_a_rebuilt_recipe_installs_its_own_wheels_not_a_cached_layer(
+    engine: Engine, base_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two builds whose kernelfleet wheels differ by one file: the second image holds the
+    second wheel's file (an engine's layer cache keys the install step by its text alone)."""
+    write_wheel = images.write_kernelfleet_wheel
+    tag = "localhost/kernelfleet-test-rebuilt:1"
+
+    def build_with(marker: str) -> str:
+        def marked_wheel(folder: Path) -> Path:
+            wheel = write_wheel(folder)
+            with zipfile.ZipFile(wheel, "a") as archive:
+                archive.writestr("kernelfleet/build_marker.txt", marker)
+            return wheel
+
+        monkeypatch.setattr(images, "write_kernelfleet_wheel", marked_wheel)
+        built = images.build_kernel_image(engine, base_image, tag, log=lambda _line: None)
+        assert not built.reused
+        read = (
+            "import kernelfleet, pathlib; "
+            "print(pathlib.Path(kernelfleet.__file__).with_name('build_marker.txt').read_text())"
+        )
+        output = engine.client().containers.run(tag, ["python3", "-c", read], remove=True)
+        return bytes(output).decode().strip()
+
+    try:
+        assert build_with("first") == "first"
+        assert build_with("second") == "second"
+    finally:
+        engine.client().images.remove(tag, force=True)

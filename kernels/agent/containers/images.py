@@ -131,6 +131,10 @@ def build_kernel_image(
                 tag=tag,
                 buildargs={"BASE": base},
                 labels={LABEL_RECIPE: recipe_hash},
+                # The engine keys a cached RUN layer by its text, not by the bind-mounted wheels
+                # it installs: a cached layer would hold an older kernelfleet. The recipe hash
+                # above is this build's cache.
+                nocache=True,
                 rm=True,
                 forcerm=True,
                 pull=False,
