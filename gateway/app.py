@@ -126,12 +126,15 @@ class GatewayApp(Application):
         ),
     )
     group_address = Unicode(
-        config=True, help="This member's Raft address (host:port), one of --group-members."
+        config=True,
+        help="This member's Raft address (host:port), one of --group-members. Default: "
+        "$KERNELFLEET_GROUP_ADDRESS.",
     )
     group_url = Unicode(
         config=True,
         help="The URL the other members and the proxy reach this member's API at (what a "
-        "standby names as the member that serves). Default: its ip and port.",
+        "standby names as the member that serves). Default: $KERNELFLEET_GROUP_URL, else its "
+        "ip and port.",
     )
     policy = Unicode(
         "notebookos", config=True, help="Scheduling policy (entry point in kernelfleet.policies)."
@@ -331,6 +334,14 @@ class GatewayApp(Application):
     @default("token")
     def _default_token(self) -> str:
         return os.environ.get("KERNELFLEET_TOKEN") or new_token()
+
+    @default("group_address")
+    def _default_group_address(self) -> str:
+        return os.environ.get("KERNELFLEET_GROUP_ADDRESS", "")
+
+    @default("group_url")
+    def _default_group_url(self) -> str:
+        return os.environ.get("KERNELFLEET_GROUP_URL", "")
 
     @default("state_dir")
     def _default_state_dir(self) -> str:

@@ -5,6 +5,7 @@ run over its websocket, and the project taken down (always, its volumes too)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -57,10 +58,19 @@ def fleet_image(engine_url: str, base_image: str) -> str:  # noqa: F811 (fixture
 
 
 class Project:
-    """A Compose project of deploy/compose.yaml under podman-compose, with its own name, token
-    file and gateway port."""
+    """A Compose project of `compose_file` under podman-compose, with its own name, token file
+    and gateway port, running `services`."""
 
-    def __init__(self, folder: Path, image: str) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        image: str,
+        compose_file: Path = COMPOSE,
+        services: tuple[str, ...] = SERVICES,
+        replicas: int = 2,
+    ) -> None:
+        self.compose_file = compose_file
+        self.services = services
         self.name = f"kftest{os.getpid()}"
         self.token = secrets.token_hex(16)
         env_file = folder / "fleet.env"
@@ -73,12 +83,12 @@ class Project:
             KERNELFLEET_IMAGE=image,
             KERNELFLEET_ENV_FILE=str(env_file),
             KERNELFLEET_PORT=str(self.port),
-            KERNELFLEET_REPLICAS="2",
+            KERNELFLEET_REPLICAS=str(replicas),
         )
 
     def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["podman-compose", "-f", str(COMPOSE), "-p", self.name, *args],
+            ["podman-compose", "-f", str(self.compose_file), "-p", self.name, *args],
             env=self.env,
             capture_output=True,
             text=True,
@@ -88,7 +98,7 @@ class Project:
     def logs(self) -> str:
         """Every service's log, for a failure's report."""
         parts = []
-        for service in SERVICES:
+        for service in self.services:
             done = subprocess.run(
                 ["podman", "logs", "--tail", "40", f"{self.name}_{service}_1"],
                 capture_output=True,
@@ -108,13 +118,14 @@ class Project:
         return sorted(h["id"] for h in hosts if h["state"] == "alive") if status == 200 else []
 
 
-@pytest.fixture
-def project(fleet_image: str, tmp_path: Path) -> Iterator[Project]:
+@contextlib.contextmanager
+def brought_up(project: Project) -> Iterator[Project]:
+    """`project` up (its services), and down with its volumes and network whatever happens;
+    its services' logs printed if the test fails."""
     if shutil.which("podman-compose") is None:
         pytest.skip("podman-compose is not installed (.ci/run installs it)")
-    project = Project(tmp_path, fleet_image)
     try:
-        up = project.compose("up", "-d", *SERVICES)
+        up = project.compose("up", "-d", *project.services)
         assert up.returncode == 0, up.stdout + up.stderr
         yield project
     except BaseException:
@@ -124,6 +135,12 @@ def project(fleet_image: str, tmp_path: Path) -> Iterator[Project]:
         down = project.compose("down", "-v", "-t", "10")
         subprocess.run(["podman", "network", "rm", f"{project.name}_fleet"], capture_output=True)
         assert down.returncode == 0, down.stdout + down.stderr
+
+
+@pytest.fixture
+def project(fleet_image: str, tmp_path: Path) -> Iterator[Project]:
+    with brought_up(Project(tmp_path, fleet_image)) as project:
+        yield project
 
 
 async def test_a_compose_fleet_runs_a_replicated_kernel(project: Project) -> None:
