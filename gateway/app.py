@@ -444,6 +444,11 @@ class GatewayApp(Application):
             self.exit(2)
         if "stop_kernels_on_exit" not in self.config.GatewayApp:
             self.stop_kernels_on_exit = False  # another member serves them next
+        if not self.group_url and self.ip in ("", "0.0.0.0", "::"):
+            log.warning(
+                "--group-url is not set and --ip is a wildcard: the other members will name "
+                "this one by a loopback URL; give the URL they and the proxy reach it at"
+            )
         if "object_store_root" not in self.config.GatewayApp:
             log.warning(
                 "every member of a gateway group needs the same object store root "
