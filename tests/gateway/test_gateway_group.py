@@ -19,7 +19,7 @@ import pytest
 
 from kernelfleet.testing import V1_PROTOCOL, KernelWebsocket, kernel_reachable_folder, wait_for
 from kernelfleet.testing.fleet import TOKEN
-from kernelfleet.testing.gateway_group import MEMBERS, GatewayGroup
+from kernelfleet.testing.gateway_group import MEMBERS, STANDS_BY, GatewayGroup
 from kernelfleet.testing.http import call_json
 
 pytestmark = pytest.mark.timeout(300)
@@ -141,6 +141,7 @@ def test_a_member_cut_off_from_its_majority_refuses_writes_and_the_majority_neve
     serving = group.serving()
     assert serving is not None
     others = sorted(set(range(MEMBERS)) - {serving})
+    standing_by = group.log(serving).count(STANDS_BY)
     for i in others:
         group.signal_member(i, signal.SIGSTOP)
     try:
@@ -150,8 +151,11 @@ def test_a_member_cut_off_from_its_majority_refuses_writes_and_the_majority_neve
         assert status == 503, body
         assert body["reason"] == "not-serving"
         wait_for(
-            lambda: "restarting as a standby" in group.log(serving), 10, "the member to step down"
+            lambda: group.log(serving).count(STANDS_BY) > standing_by,
+            30,
+            "the member to step down and come back as a standby in a process of its own",
         )
+        assert group.members[serving].poll() is None, "the same process, executed anew"
         group.kill_member(serving)  # the majority goes on without it
     finally:
         for i in others:
