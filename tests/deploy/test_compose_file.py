@@ -5,11 +5,9 @@ name and give addresses of their own. No container engine is needed."""
 
 from __future__ import annotations
 
-import logging
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,27 +60,6 @@ def test_every_service_runs_kernelfleet_from_the_fleet_image(compose: dict[str, 
     assert build.fleet
     assert "kernelfleet image build --fleet" in GUIDE.read_text()
     assert "--tag localhost/kernelfleet:fleet" in GUIDE.read_text()
-
-
-@pytest.fixture
-def logging_as_it_was() -> Iterator[None]:
-    """The loggers as they were before the test: an application instantiated in-process sets
-    up its own (the host agent's "kernelfleet" logger stops propagating, so that later tests'
-    caplog would see none of its records)."""
-    loggers = [logging.root] + [
-        logger
-        for logger in logging.Logger.manager.loggerDict.values()
-        if isinstance(logger, logging.Logger)
-    ]
-    saved = {logger: (logger.level, logger.propagate, logger.disabled, list(logger.handlers))
-             for logger in loggers}  # fmt: skip
-    yield
-    for logger in list(logging.Logger.manager.loggerDict.values()):
-        if isinstance(logger, logging.Logger) and logger not in saved:  # made by the test
-            saved[logger] = (logging.NOTSET, True, False, [])
-    for logger, (level, propagate, disabled, handlers) in saved.items():
-        logger.setLevel(level)
-        logger.propagate, logger.disabled, logger.handlers = propagate, disabled, handlers
 
 
 @pytest.mark.usefixtures("logging_as_it_was")

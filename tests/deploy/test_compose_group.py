@@ -52,6 +52,7 @@ def test_compose_validates_the_group_file(tmp_path: Path) -> None:
         assert set(yaml.safe_load(done.stdout)["services"]) == set(SERVICES)
 
 
+@pytest.mark.usefixtures("logging_as_it_was")
 def test_members_agents_and_proxy_agree_on_every_address(
     group: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -43,6 +43,7 @@ def test_compose_validates_the_stack(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.usefixtures("logging_as_it_was")
 def test_members_proxy_and_agents_parse_and_fit_a_swarm(
     stack: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
