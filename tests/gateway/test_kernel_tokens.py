@@ -96,6 +96,7 @@ DECISIONS: dict[tuple[str, str], tuple[object, object]] = {
     (r"/api/kernels/(?P<kernel_id>[\w-]+)/channels", "GET"): (FORBIDDEN, FORBIDDEN),
     (r"/api/fleet/?", "GET"): (OK, OK),
     (r"/api/fleet/openapi\.json", "GET"): (OK, OK),
+    (r"/api/fleet/serving/?", "GET"): (OK, OK),
     (r"/api/fleet/hosts/?", "GET"): (OK, OK),
     (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/?", "GET"): (OK, OK),
     (r"/api/fleet/hosts/(?P<host_id>[\w.-]+)/?", "PUT"): (FORBIDDEN, FORBIDDEN),
