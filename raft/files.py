@@ -103,7 +103,7 @@ class ReplicatedFiles(SyncObj):
         try:
             self.waitBinded()
         except SyncObjException:
-            self.destroy()
+            self.close()
             raise BindFailed(f"cannot bind the gateway group's raft address {address}") from None
         logger.info("gateway group member %s started with peers %s", address, others)
 
@@ -160,5 +160,8 @@ class ReplicatedFiles(SyncObj):
             raise NotCommitted(reason, what) from None
 
     def close(self) -> None:
-        """Stop the node and release its port; idempotent."""
-        self.destroy()
+        """Stop the node and release its port before returning (its tick thread ended)."""
+        if self.tick_thread_alive():
+            self.destroy_synchronous()
+        else:
+            self._doDestroy()

@@ -222,7 +222,11 @@ def test_a_follower_takes_the_leadership_and_the_log_is_unchanged(raft_cluster):
     assert still["term"] == term
 
     assert follower.call("take_leadership")["agreed"] is True
-    assert cluster.wait_leader() is follower
+    wait_for(  # the old leader may still be the one all name for a moment
+        lambda: follower.status()["is_leader"] and cluster.wait_leader() is follower,
+        10,
+        "the follower to lead",
+    )
     assert follower.status()["term"] > term
     assert follower.call("take_leadership")["agreed"] is True  # it leads: nothing to ask
 
