@@ -42,9 +42,8 @@ from tornado.iostream import StreamClosedError
 from tornado.websocket import WebSocketClosedError, WebSocketError
 
 from kernelfleet.testing import KernelWebsocket, percentile
-from kernelfleet.testing.fleet import TOKEN, Fleet
-from kernelfleet.testing.gateway_group import MEMBERS, GatewayGroup
-from kernelfleet.testing.http import call_json
+from kernelfleet.testing.fleet import Fleet
+from kernelfleet.testing.gateway_group import GatewayGroup
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
@@ -165,18 +164,6 @@ class Driver:
         return next((c.done for c in self.cells if c.sent > moment and c.outcome == "ok"), None)
 
 
-def serving_other_than(group: GatewayGroup, killed: int) -> int | None:
-    """The member other than `killed` that answers ``/api/fleet/serving`` with 200, if any."""
-    for i in set(range(MEMBERS)) - {killed}:
-        try:
-            status, _ = call_json(group.url(i) + "/api/fleet/serving", token=TOKEN, timeout=1)
-        except OSError:
-            continue
-        if status == 200:
-            return i
-    return None
-
-
 async def failover(group: GatewayGroup, drivers: list[Driver], t0: float) -> dict[str, Any]:
     """SIGKILL the serving member, time until another serves and every kernel answered, then
     start the killed one again."""
@@ -186,7 +173,7 @@ async def failover(group: GatewayGroup, drivers: list[Driver], t0: float) -> dic
     await asyncio.to_thread(group.kill_member, old)
     new = None
     while new is None:
-        new = await asyncio.to_thread(serving_other_than, group, old)
+        new = await asyncio.to_thread(group.serving, old)
         if new is None:
             if time.monotonic() - t0 - killed > RECOVERY_LIMIT_S:
                 break

@@ -98,9 +98,10 @@ class GatewayGroup:
 
         wait_for(listening, 30, "the proxy's runtime file")
 
-    def serving(self) -> int | None:
-        """The member that answers ``/api/fleet/serving`` with 200, if one does."""
-        for i in range(MEMBERS):
+    def serving(self, excluding: int | None = None) -> int | None:
+        """The member (other than `excluding`) that answers ``/api/fleet/serving`` with 200,
+        if one does."""
+        for i in set(range(MEMBERS)) - {excluding}:
             try:
                 status, _ = call_json(self.url(i) + "/api/fleet/serving", token=TOKEN, timeout=2)
             except OSError:

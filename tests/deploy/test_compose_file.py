@@ -146,12 +146,14 @@ def compose_validators() -> list[list[str]]:
     return found
 
 
-def run_config(validator: list[str], env_file: Path | None) -> subprocess.CompletedProcess:
+def run_config(
+    validator: list[str], env_file: Path | None, compose_file: Path = COMPOSE
+) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
     if env_file is not None:
         env["KERNELFLEET_ENV_FILE"] = str(env_file)
     return subprocess.run(
-        [*validator, "-f", str(COMPOSE), "config"],
+        [*validator, "-f", str(compose_file), "config"],
         capture_output=True,
         text=True,
         env=env,

@@ -5,7 +5,6 @@ container killed while a kernel holds state: a standby serves and the kernel kee
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from kernelfleet.gateway.proxy_app import GatewayProxyApp
 from kernelfleet.kernels.agent.app import HostAgentApp
 from kernelfleet.testing import KernelWebsocket, wait_for
 from tests.containers.conftest import base_image, engine, engine_url  # noqa: F401
-from tests.deploy.test_compose_file import compose_validators, interpolated, option
+from tests.deploy.test_compose_file import compose_validators, interpolated, option, run_config
 from tests.deploy.test_compose_up import Project, brought_up, fleet_image  # noqa: F401
 from tests.kernels.conftest import REPO_ROOT
 
@@ -41,13 +40,7 @@ def test_compose_validates_the_group_file(tmp_path: Path) -> None:
     env_file = tmp_path / "fleet.env"
     env_file.write_text("KERNELFLEET_TOKEN=compose-group-test-token\n")
     for validator in validators:
-        done = subprocess.run(
-            [*validator, "-f", str(GROUP), "config"],
-            capture_output=True,
-            text=True,
-            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "KERNELFLEET_ENV_FILE": str(env_file)},
-            timeout=60,
-        )
+        done = run_config(validator, env_file, GROUP)
         assert done.returncode == 0, done.stderr
         assert set(yaml.safe_load(done.stdout)["services"]) == set(SERVICES)
 

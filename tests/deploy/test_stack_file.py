@@ -3,7 +3,6 @@ command line parsed by the real applications, and the shape docs/deploy.md descr
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import yaml
 from kernelfleet.gateway.app import GatewayApp
 from kernelfleet.gateway.proxy_app import GatewayProxyApp
 from kernelfleet.kernels.agent.app import HostAgentApp
-from tests.deploy.test_compose_file import compose_validators, interpolated
+from tests.deploy.test_compose_file import compose_validators, interpolated, run_config
 from tests.kernels.conftest import REPO_ROOT
 
 STACK = REPO_ROOT / "deploy" / "stack.yaml"
@@ -33,13 +32,7 @@ def test_compose_validates_the_stack(tmp_path: Path) -> None:
     env_file = tmp_path / "fleet.env"
     env_file.write_text("KERNELFLEET_TOKEN=stack-test-token\n")
     for validator in validators:
-        done = subprocess.run(
-            [*validator, "-f", str(STACK), "config"],
-            capture_output=True,
-            text=True,
-            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "KERNELFLEET_ENV_FILE": str(env_file)},
-            timeout=60,
-        )
+        done = run_config(validator, env_file, STACK)
         assert done.returncode == 0, done.stderr
 
 
